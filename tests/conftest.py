@@ -1,0 +1,20 @@
+"Multi-process tests start real ranks the two ways users do: `torchrun`, and `torch.multiprocessing.spawn` with no launcher environment"
+import os, pytest
+from ddp_safe_fastai.testing import spawn_ranks, torchrun_ranks
+
+os.environ.setdefault('DDP_SAFE_TIMEOUT', '60')  # a stuck meeting fails a test within a minute, naming the ranks
+
+@pytest.fixture(params=['torchrun', 'spawn'])
+def launch(request):
+    "Run a scenario on real ranks; `init=False` leaves the process group to fastai's `distrib_ctx` (torchrun only)"
+    def run(f, *args, nproc=2, timeout=120, init=True):
+        if request.param == 'spawn': return spawn_ranks(f, *args, nproc=nproc, timeout=timeout)
+        return torchrun_ranks(f, *args, nproc=nproc, timeout=timeout, init=init)
+    run.name = request.param
+    return run
+
+def values(outcomes):
+    "The value of every rank, failing with every rank's error if any rank raised"
+    bad = [o for o in outcomes if not o.ok]
+    assert not bad, '\n'.join(f"{o!r}\n{getattr(o, 'traceback', '')}" for o in bad)
+    return [o.value for o in outcomes]

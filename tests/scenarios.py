@@ -1,0 +1,238 @@
+"What each rank does in the multi-process tests: module-level functions, run by `spawn_ranks` and `torchrun_ranks`"
+import os, time, signal, resource
+from pathlib import Path
+import torch, torch.distributed as dist
+from fastai.basics import Callback
+from ddp_safe_fastai.all import *
+from ddp_safe_fastai.testing import synth_learner, synth_text_learner
+
+def ranks():
+    "What this process believes about itself, through fastai's own functions"
+    import fastai.torch_core, fastai.learner
+    return dict(rank=fastai.learner.rank_distrib(), world=fastai.torch_core.num_distrib(), local=local_rank_distrib(),
+                main=is_main_process(), env_rank=os.environ.get('RANK'))
+
+def barrier_missing(absent, timeout):
+    "Every rank but `absent` enters a barrier; returns how long the wait lasted"
+    if rank_distrib() == absent:
+        time.sleep(timeout + 8)
+        return 'absent'
+    t = time.monotonic()
+    try: distrib_barrier(timeout=timeout)
+    finally: print(f"waited {time.monotonic()-t:.1f}s")
+
+def timed(f, *args):
+    t = time.monotonic()
+    try: return f(*args)
+    except Exception as e:
+        e.args = (f"{e.args[0]} [after {time.monotonic()-t:.1f}s]",)
+        raise
+
+def main_first_fails(timeout):
+    "The main process raises inside `main_process_first`"
+    with main_process_first(timeout=timeout):
+        if rank_distrib() == 0: raise ValueError('download failed')
+    return 'passed'
+
+def prepare_dirs(root, trials):
+    "`prepare_dir(overwrite=True)` over a populated directory, `trials` times; each rank writes a file into it"
+    errors = 0
+    for i in range(trials):
+        try:
+            p = prepare_dir(Path(root)/'ckpt', overwrite=True)
+            for j in range(20): (p/f"r{rank_distrib()}_{j}.txt").write_text(str(i))
+            distrib_barrier()
+            if len(list(p.iterdir())) != 20*num_distrib(): errors += 1
+            distrib_barrier()
+        except Exception: errors += 1
+    return errors
+
+def raw_prepare_dirs(root, trials):
+    "The unguarded pattern of seed 002: every rank does rmtree + mkdir"
+    import shutil
+    errors = 0
+    for i in range(trials):
+        try:
+            p = Path(root)/'ckpt'
+            if p.exists(): shutil.rmtree(p)
+            p.mkdir(parents=True)
+            for j in range(20): (p/f"r{rank_distrib()}_{j}.txt").write_text(str(i))
+        except Exception: errors += 1
+        dist.barrier()
+    return errors
+
+# ---- persistence (issue 3) ----
+def _learner(root, disk=None):
+    "The synthetic learner, in `root` (or in `root/disk` to play a node-local disk)"
+    return synth_learner(path=Path(root)/disk if disk else Path(root))
+
+def _fill(learn, v):
+    with torch.no_grad():
+        for p in learn.model.parameters(): p.fill_(v)
+
+def _value(learn): return learn.model.weight.flatten()[0].item()
+
+def only_main_writes(root):
+    "Every rank holds different weights and saves; the file and every rank's load hold rank 0's"
+    learn = _learner(root)
+    _fill(learn, 10. + rank_distrib())
+    f = learn.save('m')
+    _fill(learn, -1.)
+    learn.load('m')
+    state = torch.load(f)
+    return dict(loaded=_value(learn), on_disk=state.get('model', state)['weight'].flatten()[0].item())
+
+def lagging_writer(root, delay=2.):
+    "An older file exists; rank 0 arrives `delay` s late at the save of the new weights; every rank then loads"
+    learn = _learner(root)
+    _fill(learn, 1.); learn.save('m')      # the older checkpoint
+    _fill(learn, 2. if rank_distrib() == 0 else 3.)
+    if rank_distrib() == 0: time.sleep(delay)
+    learn.save('m')
+    _fill(learn, -1.)
+    learn.load('m')
+    return _value(learn)
+
+def lagging_writer_load_only(root, delay=2.):
+    "Only rank 0 saves, `delay` s late, with no barrier of the user's; every rank loads"
+    learn = _learner(root)
+    _fill(learn, 1.); learn.save('m')
+    if rank_distrib() == 0:
+        time.sleep(delay); _fill(learn, 2.); learn.save('m')
+    _fill(learn, -1.)
+    learn.load('m')
+    return _value(learn)
+
+def tutorial_idiom(root):
+    "PyTorch tutorial: save on rank 0 only, the user's own `dist.barrier()`, then load on every rank"
+    learn = _learner(root)
+    _fill(learn, 5. + rank_distrib())
+    if rank_distrib() == 0: learn.save('m')
+    dist.barrier()
+    _fill(learn, -1.)
+    learn.load('m')
+    return _value(learn)
+
+def load_alone(root, timeout):
+    "Every rank saves; then rank 0 alone loads (an evaluation at the end of a script)"
+    learn = _learner(root)
+    _fill(learn, 4.)
+    learn.save('m')
+    if rank_distrib() != 0: return 'not loading'
+    t = time.monotonic()
+    try: learn.load('m', timeout=timeout)
+    except DistributedTimeoutError as e: err = (str(e), time.monotonic()-t)
+    with local_io(): learn.load('m')
+    return dict(error=err[0], seconds=err[1], value=_value(learn))
+
+def _limit_file_size(nbytes):
+    "Make writes past `nbytes` fail in this process, as on a full disk (EFBIG instead of ENOSPC)"
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, old[1]))
+    return old
+
+def write_failure(root, timeout):
+    "A good checkpoint exists; the next save fails half-way on rank 0; every rank raises, the old file still loads"
+    learn = synth_learner(path=Path(root), n=64)
+    learn.model = torch.nn.Sequential(torch.nn.Linear(4, 256), torch.nn.Linear(256, 1))
+    learn.create_opt()
+    _fill(learn, 1.); f = learn.save('m')
+    _fill(learn, 2.)
+    old = _limit_file_size(f.stat().st_size // 2) if rank_distrib() == 0 else None
+    try: learn.save('m', timeout=timeout); err = None
+    except CheckpointError as e: err = f"{type(e).__name__}: {e}"
+    finally:
+        if old: resource.setrlimit(resource.RLIMIT_FSIZE, old)
+    learn.load('m')
+    leftovers = sorted(p.name for p in f.parent.iterdir())
+    return dict(error=err, value=learn.model[0].weight.flatten()[0].item(), files=leftovers)
+
+def unreadable_on_some(root):
+    "Each rank has its own disk (`root/diskN`); the main writes only its own; every rank loads"
+    learn = _learner(root, disk=f"disk{rank_distrib()}")
+    learn.save('m')
+    try: learn.load('m'); return 'loaded'
+    except CheckpointError as e: return f"{type(e).__name__}: {e}"
+
+def corrupt_file(root):
+    "The checkpoint is truncated; every rank loads"
+    learn = _learner(root)
+    f = learn.save('m')
+    distrib_barrier()
+    if rank_distrib() == 0: f.write_bytes(f.read_bytes()[:200])
+    distrib_barrier()
+    try: learn.load('m'); return 'loaded'
+    except CheckpointError as e: return f"{type(e).__name__}: {e}"
+
+def stale_device(root):
+    "The dls were built for a device this rank does not have; the load still maps to this rank's own device"
+    learn = _learner(root)
+    learn.save('m')
+    learn.dls.device = torch.device('cuda', 1)
+    learn.load('m')
+    return [str(p.device) for p in learn.model.parameters()] + [str(v.device) for s in learn.opt.state.values() for v in s.values() if hasattr(v, 'device')]
+
+class _Payload:
+    def __init__(self, marker): self.marker = marker
+    def __reduce__(self): return (os.system, (f"touch {self.marker}",))
+
+def planted_payload(root):
+    "`models/model.pth` holds a pickle payload; `Learner.load` and `SafeSaveModelCallback`'s reload must not run it"
+    learn = _learner(root)
+    marker = Path(root)/f"pwned{rank_distrib()}"
+    if rank_distrib() == 0:
+        (Path(root)/'models').mkdir(exist_ok=True)
+        torch.save({'model': _Payload(marker), 'opt': {}}, Path(root)/'models/model.pth')
+    distrib_barrier()
+    try: learn.load('model'); out = 'loaded'
+    except CheckpointError as e: out = str(e)
+    return dict(error=out, ran=marker.exists())
+
+def encoder_roundtrip(root):
+    "save_encoder on every rank with different weights, then load_encoder: rank 0's weights everywhere"
+    learn = synth_text_learner(root)
+    enc = learn.model[0]
+    with torch.no_grad(): enc.encoder.weight.fill_(10. + rank_distrib())
+    learn.save_encoder('enc')
+    with torch.no_grad(): enc.encoder.weight.fill_(-1.)
+    learn.load_encoder('enc')
+    return enc.encoder.weight.flatten()[0].item()
+
+def export_roundtrip(root):
+    "export on every rank with different weights, then load_learner on every rank"
+    learn = _learner(root)
+    _fill(learn, 10. + rank_distrib())
+    learn.export()
+    return _value(load_learner(Path(root)/'export.pkl'))
+
+def dataloaders_roundtrip(root):
+    "DataLoaders.save on every rank, then load_dataloaders on every rank"
+    learn = _learner(root)
+    learn.dls.train_ds.tls[0].tfms.fs[0].t += rank_distrib()  # rank 1's data differs
+    learn.dls.save()
+    dls = load_dataloaders(root)
+    return dls.train_ds[0][0][0].item(), str(dls.device)
+
+# ---- training (issues 2 and 3) ----
+class SlowRank0(Callback):
+    "Rank 0 is `delay` s slower at the end of every epoch (before the save)"
+    order = SafeSaveModelCallback.order - 1
+    def __init__(self, delay): self.delay = delay
+    def after_epoch(self):
+        if rank_distrib() == 0: time.sleep(self.delay)
+
+def ddp_fit(root, epochs=2):
+    "Plain `with learn.distrib_ctx(): learn.fit(...)`, nothing else: final weights of each rank"
+    learn = _learner(root)
+    with learn.distrib_ctx(): learn.fit(epochs, 0.1)
+    return dict(weights=learn.model.weight.flatten().tolist(), world=num_distrib(),
+                backend=dist.get_backend() if dist.is_initialized() else None)
+
+def ddp_fit_best(root, delay=0.7, epochs=3):
+    "3 epochs in `distrib_ctx` with `SafeSaveModelCallback(with_opt=True)`, rank 0 `delay` s slower each epoch"
+    learn = _learner(root)
+    with learn.distrib_ctx(): learn.fit(epochs, 0.1, cbs=[SafeSaveModelCallback(with_opt=True), SlowRank0(delay)])
+    saved = torch.load(Path(root)/'models/model.pth', weights_only=False)['model']
+    return dict(weights=learn.model.weight.flatten().tolist(), saved=saved['weight'].flatten().tolist(),
+                best=float(learn.recorder.values[int(torch.tensor([v[1] for v in learn.recorder.values]).argmin())][1]))
