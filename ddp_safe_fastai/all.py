@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/99_all.ipynb #b5c08a9b
+# %% ../nbs/99_all.ipynb #ac9b6059
 from . import core, persist, distributed, learner, text, callback
 from .core import *
 from .persist import *

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create (or reuse) the virtual environment .venv-NAME from tools/requirements-NAME.txt, with this package installed
+set -euo pipefail
+cd "$(dirname "$0")/.."
+name=$1; venv=.venv-$name; req=tools/requirements-$name.txt
+stamp="$venv/.installed-$(cat "$req" setup.py settings.ini | sha256sum | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  rm -rf "$venv"
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q -U pip
+  "$venv/bin/pip" install -q torch==2.13.0          # first: a CPU wheel here; an unpinned torch pulls a CUDA build
+  "$venv/bin/pip" install -q -r "$req"
+  "$venv/bin/pip" install -q --no-deps --no-build-isolation -e .
+  touch "$stamp"
+fi

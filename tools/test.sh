@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The whole suite in both environments: "dev" (nbdev 2.4.14, fastcore 1.14, fastai 2.8.7) and "latest" (fastai 2.8.12)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+tools/env.sh dev
+tools/env.sh latest
+pytest_args=(-q -p no:cacheprovider --timeout 900 -rA --durations 5)
+
+echo "== dev: notebooks clean, package and README in sync with them"
+.venv-dev/bin/nbdev_clean
+.venv-dev/bin/nbdev_export
+tools/readme.sh
+if [ -n "$(git status --porcelain -uno)" ]; then
+  git status --short -uno; git diff --stat
+  echo "FAILED: run nbdev_clean, nbdev_export and tools/readme.sh, and commit what they change"; exit 1
+fi
+echo "== dev: notebook tests"
+.venv-dev/bin/nbdev_test --n_workers 2
+echo "== dev: behavioural tests"
+(cd tests && ../.venv-dev/bin/python -m pytest "${pytest_args[@]}")
+echo "== latest: behavioural tests"
+(cd tests && ../.venv-latest/bin/python -m pytest "${pytest_args[@]}")
