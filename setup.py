@@ -5,9 +5,8 @@ import setuptools
 cfg = ConfigParser(delimiters=['='])
 cfg.read('settings.ini', encoding='utf-8')
 cfg = cfg['DEFAULT']
-licenses = {'apache2': ('Apache Software License 2.0', 'OSI Approved :: Apache Software License')}
+licenses = {'apache2': 'Apache-2.0'}
 statuses = ['Planning', 'Pre-Alpha', 'Alpha', 'Beta', 'Production/Stable', 'Mature', 'Inactive']
-lic = licenses[cfg['license']]
 min_python = cfg['min_python']
 py_versions = [v for v in ['3.10', '3.11', '3.12', '3.13'] if tuple(map(int, v.split('.'))) >= tuple(map(int, min_python.split('.')))]
 scripts = [s.strip() for s in cfg.get('console_scripts', '').split('\n') if s.strip()]
@@ -15,7 +14,7 @@ scripts = [s.strip() for s in cfg.get('console_scripts', '').split('\n') if s.st
 setuptools.setup(
     name=cfg['lib_name'], version=cfg['version'], description=cfg['description'],
     long_description=open('README.md', encoding='utf-8').read(), long_description_content_type='text/markdown',
-    author=cfg['author'], author_email=cfg['author_email'], license=lic[0], url=cfg['git_url'],
+    author=cfg['author'], author_email=cfg['author_email'], license=licenses[cfg['license']], url=cfg['git_url'],
     keywords=cfg['keywords'], packages=setuptools.find_packages(include=[cfg['lib_path'], cfg['lib_path']+'.*']),
     include_package_data=True, zip_safe=False, python_requires='>=' + min_python,
     install_requires=cfg.get('requirements', '').split(),
@@ -23,6 +22,6 @@ setuptools.setup(
     entry_points={'console_scripts': scripts, 'nbdev': [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"]},
     classifiers=['Topic :: Software Development :: Build Tools', 'Intended Audience :: Developers',
                  f"Development Status :: {cfg['status']} - {statuses[int(cfg['status'])]}",
-                 f'License :: {lic[1]}', 'Natural Language :: English']
+                 'Natural Language :: English']
                 + [f'Programming Language :: Python :: {v}' for v in py_versions],
 )

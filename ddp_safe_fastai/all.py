@@ -5,13 +5,15 @@
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/99_all.ipynb #ac9b6059
-from . import core, persist, distributed, learner, text, callback
+# %% ../nbs/99_all.ipynb #99870b78
+from . import core, persist, distributed, learner, text, callback, checkpoint
 from .core import *
 from .persist import *
 from .distributed import *
 from .learner import *
 from .text import *
 from .callback import *
+from .checkpoint import *
 
-__all__ = [*core.__all__, *persist.__all__, *distributed.__all__, *learner.__all__, *text.__all__, *callback.__all__]
+__all__ = [*core.__all__, *persist.__all__, *distributed.__all__, *learner.__all__, *text.__all__, *callback.__all__,
+           *checkpoint.__all__]

@@ -236,3 +236,16 @@ def ddp_fit_best(root, delay=0.7, epochs=3):
     saved = torch.load(Path(root)/'models/model.pth', weights_only=False)['model']
     return dict(weights=learn.model.weight.flatten().tolist(), saved=saved['weight'].flatten().tolist(),
                 best=float(learn.recorder.values[int(torch.tensor([v[1] for v in learn.recorder.values]).argmin())][1]))
+
+# ---- resume (issue 4) ----
+def resume_fit(root, epochs=4, hidden=1500):
+    "`epochs` epochs of one-cycle training in `distrib_ctx` with `CheckpointCallback`: resumes if a checkpoint exists"
+    import hashlib, fastai.callback.schedule
+    learn = synth_learner(path=Path(root), seed=1)
+    torch.manual_seed(1)
+    nn = torch.nn  # ~27 MB of model and Adam state: a checkpoint write takes long enough to be killed in
+    learn.model = nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+    ckpt = CheckpointCallback()
+    with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 0.01, cbs=[SafeSaveModelCallback(), ckpt])
+    h = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
+    return dict(sha=h, resumed_from=ckpt.resumed_from, epochs=len(learn.recorder.values))

@@ -1,0 +1,46 @@
+"Issue 4: a DDP run killed with SIGKILL on every rank resumes, with the same command, to bitwise the same weights"
+import time, random
+from pathlib import Path
+import pytest
+import scenarios as s
+from conftest import values
+from ddp_safe_fastai.testing import torchrun_ranks
+from ddp_safe_fastai.checkpoint import latest_complete, is_complete
+
+def _run(root, kill_when=None):
+    return torchrun_ranks(s.resume_fit, str(root), init=False, timeout=300, kill_when=kill_when)
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+    res = values(_run(tmp_path_factory.mktemp('full')))
+    assert res[0]['sha'] == res[1]['sha'] and res[0]['resumed_from'] is None and res[0]['epochs'] == 4
+    return res[0]['sha']
+
+def _after_second_checkpoint(root, delay):
+    "True `delay` seconds after the second checkpoint is complete"
+    t = []
+    def check():
+        if not t and (Path(root)/'models/ckpt/latest').is_file() and \
+           (Path(root)/'models/ckpt/latest').read_text() == 'epoch_0002': t.append(time.monotonic())
+        return bool(t) and time.monotonic() - t[0] >= delay
+    return check
+
+def _during_third_write(root):
+    "True while the third checkpoint's state is being written"
+    return lambda: any((Path(root)/'models/ckpt/epoch_0003').glob('.state.pth.*.tmp'))
+
+@pytest.mark.parametrize('trial', range(3))
+def test_killed_at_random_resumes_bitwise(uninterrupted, tmp_path, trial):
+    random.seed(trial)
+    assert _run(tmp_path, _after_second_checkpoint(tmp_path, random.uniform(0, 2.5))) is None  # killed
+    assert latest_complete(tmp_path/'models/ckpt') is not None
+    res = values(_run(tmp_path))
+    assert res[0]['resumed_from'] in ('epoch_0002', 'epoch_0003', 'epoch_0004')
+    assert res[0]['sha'] == res[1]['sha'] == uninterrupted
+
+def test_killed_during_checkpoint_write_resumes_bitwise(uninterrupted, tmp_path):
+    assert _run(tmp_path, _during_third_write(tmp_path)) is None
+    assert not is_complete(tmp_path/'models/ckpt/epoch_0003')  # the kill did land inside the write
+    res = values(_run(tmp_path))
+    assert res[0]['resumed_from'] == 'epoch_0002'   # the third checkpoint was incomplete: never used
+    assert res[0]['sha'] == res[1]['sha'] == uninterrupted
