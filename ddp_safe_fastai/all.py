@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/99_all.ipynb #99870b78
+# %% ../nbs/99_all.ipynb #bbde139d
 from . import core, persist, distributed, learner, text, callback, checkpoint
 from .core import *
 from .persist import *

@@ -7,9 +7,9 @@ os.environ.setdefault('DDP_SAFE_TIMEOUT', '60')  # a stuck meeting fails a test 
 @pytest.fixture(params=['torchrun', 'spawn'])
 def launch(request):
     "Run a scenario on real ranks; `init=False` leaves the process group to fastai's `distrib_ctx` (torchrun only)"
-    def run(f, *args, nproc=2, timeout=120, init=True):
-        if request.param == 'spawn': return spawn_ranks(f, *args, nproc=nproc, timeout=timeout)
-        return torchrun_ranks(f, *args, nproc=nproc, timeout=timeout, init=init)
+    def run(f, *args, nproc=2, timeout=120, init=True, env=None):
+        if request.param == 'spawn': return spawn_ranks(f, *args, nproc=nproc, timeout=timeout, env=env)
+        return torchrun_ranks(f, *args, nproc=nproc, timeout=timeout, init=init, env=env)
     run.name = request.param
     return run
 

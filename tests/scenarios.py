@@ -149,9 +149,28 @@ def write_failure(root, timeout):
     return dict(error=err, value=learn.model[0].weight.flatten()[0].item(), files=leftovers)
 
 def unreadable_on_some(root):
-    "Each rank has its own disk (`root/diskN`); the main writes only its own; every rank loads"
+    "Each rank has its own disk (`root/diskN`, as on nodes without a shared disk); the main writes only its own"
     learn = _learner(root, disk=f"disk{rank_distrib()}")
+    _fill(learn, 10. + rank_distrib())
     learn.save('m')
+    _fill(learn, -1.)
+    try: learn.load('m'); return _value(learn)
+    except CheckpointError as e: return f"{type(e).__name__}: {e}"
+
+def _hide_from_this_process(f):
+    "Show this process (alone) an empty file in place of `f`: a private mount namespace and a bind mount"
+    import ctypes, subprocess
+    assert ctypes.CDLL(None, use_errno=True).unshare(0x00020000) == 0, 'unshare(CLONE_NEWNS) failed'
+    subprocess.run(['mount', '--make-rprivate', '/'], check=True)
+    empty = Path(f).parent.parent/'empty'; empty.touch()
+    subprocess.run(['mount', '--bind', str(empty), str(f)], check=True)
+
+def unreadable_in_shared_dir(root):
+    "A shared directory, but rank 1 sees an empty file where the checkpoint is (its view of the disk is broken)"
+    learn = _learner(root)
+    f = learn.save('m')
+    distrib_barrier()
+    if rank_distrib() == 1: _hide_from_this_process(f)
     try: learn.load('m'); return 'loaded'
     except CheckpointError as e: return f"{type(e).__name__}: {e}"
 
@@ -249,3 +268,28 @@ def resume_fit(root, epochs=4, hidden=1500):
     with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 0.01, cbs=[SafeSaveModelCallback(), ckpt])
     h = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
     return dict(sha=h, resumed_from=ckpt.resumed_from, epochs=len(learn.recorder.values))
+
+# ---- several nodes (issue 4) ----
+def node_save_load(disk):
+    "Every rank saves with both scopes, then loads both; `disk` is this node's own checkpoint disk"
+    learn = synth_learner(path=Path(disk))
+    _fill(learn, 10. + rank_distrib())
+    learn.save('g'); learn.save('n', scope='node')
+    _fill(learn, -1.)
+    try: learn.load('g'); g = _value(learn)
+    except CheckpointError as e: g = str(e)
+    _fill(learn, -1.); learn.load('n', scope='node'); n = _value(learn)
+    return dict(node=node_rank_distrib(), files=sorted(p.name for p in (Path(disk)/'models').iterdir()), g=g, n=n)
+
+def node_resume(disk, scope, stop_after=None, epochs=4):
+    "One-cycle training with `CheckpointCallback(scope=scope)`, stopped after `stop_after` epochs or resumed"
+    import fastai.callback.schedule
+    from fastai.basics import CancelFitException
+    class Stop(Callback):
+        order = CheckpointCallback.order + 1
+        def after_epoch(self):
+            if self.epoch + 1 == stop_after: raise CancelFitException
+    learn = synth_learner(path=Path(disk), seed=1)
+    ckpt = CheckpointCallback(scope=scope)
+    with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 0.1, cbs=[SafeSaveModelCallback(scope=scope), ckpt, Stop()])
+    return dict(node=node_rank_distrib(), resumed_from=ckpt.resumed_from, weights=learn.model.weight.flatten().tolist())

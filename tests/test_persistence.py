@@ -30,9 +30,18 @@ def test_write_failure_on_rank0(launch, tmp_path):
         assert r['value'] == 1.                # the previous checkpoint still loads
         assert r['files'] == ['m.pth']         # and no temporary is left
 
+def test_unshared_disks_get_rank0s_bytes(launch, tmp_path):
+    "Each rank has its own disk and only rank 0's holds the file: the load sends rank 0's bytes (issue 4's default)"
+    assert values(launch(s.unreadable_on_some, str(tmp_path))) == [10., 10.]
+
+def test_unshared_disks_without_sending(launch, tmp_path):
+    "The same with `DDP_SAFE_BROADCAST_FILES=0`: every rank raises the same error, naming the file and rank 1"
+    for r in values(launch(s.unreadable_on_some, str(tmp_path), env={'DDP_SAFE_BROADCAST_FILES': '0'})):
+        assert r.startswith('CheckpointError') and 'rank(s) [1] on node(s) [0] do not have the file' in r and 'm.pth' in r
+
 def test_unreadable_on_some_ranks(launch, tmp_path):
-    res = values(launch(s.unreadable_on_some, str(tmp_path)))
-    for r in res: assert r.startswith('CheckpointError') and 'failed on rank(s) [1]: no such file' in r and 'm.pth' in r
+    for r in values(launch(s.unreadable_in_shared_dir, str(tmp_path))):
+        assert r.startswith('CheckpointError') and 'failed on rank(s) [1]: truncated or corrupt' in r and 'm.pth' in r
 
 def test_corrupt_file(launch, tmp_path):
     for r in values(launch(s.corrupt_file, str(tmp_path))):

@@ -1,0 +1,47 @@
+"""Issue 4: two torchrun agents on this machine (c10d rendezvous on 127.0.0.1), one rank each, each "node" with its
+own disk mounted at the same path in its own mount namespace"""
+import pytest
+import scenarios as s
+from conftest import values
+from ddp_safe_fastai.testing import torchrun_ranks
+
+@pytest.fixture
+def nodes(tmp_path):
+    "Run a scenario on the 2 nodes, with the checkpoint path as first argument; also gives each node's disk"
+    mnt, disks = tmp_path/'ckpt', [tmp_path/'disk0', tmp_path/'disk1']
+    for d in (mnt, *disks): d.mkdir()
+    mount = 'mount --make-rprivate / && mount --bind "$0" "$1" && shift && exec "$@"'
+    prefix = lambda i: ['unshare', '-m', 'sh', '-c', mount, str(disks[i]), str(mnt)]
+    def run(f, *args, init=True, env=None):
+        res = values(torchrun_ranks(f, str(mnt), *args, nproc=1, nnodes=2, node_prefix=prefix, init=init,
+                                    timeout=240, env=env))
+        return {r['node']: r for r in res}
+    return run, disks
+
+def _listing(disk, sub): return sorted(p.name for p in (disk/sub).iterdir()) if (disk/sub).exists() else []
+
+def test_one_copy_in_all_or_one_per_node(nodes):
+    run, disks = nodes
+    res = run(s.node_save_load)
+    assert res[0]['files'] == ['g.pth', 'n.pth']    # scope='global': one copy, on rank 0's node
+    assert res[1]['files'] == ['n.pth']             # scope='node': one copy on every node
+    assert sorted(_listing(disks[0], 'models') + _listing(disks[1], 'models')) == ['g.pth', 'n.pth', 'n.pth']
+    assert res[0]['g'] == res[1]['g'] == 10.        # node 1 got rank 0's bytes through the process group
+    assert {res[0]['n'], res[1]['n']} == {10., 11.}  # each node read its own copy
+
+def test_without_sending_every_rank_names_the_node(nodes):
+    run, _ = nodes
+    res = run(s.node_save_load, env={'DDP_SAFE_BROADCAST_FILES': '0'})
+    for r in res.values():
+        assert 'rank(s) [1] on node(s) [1] do not have the file' in r['g'] and 'g.pth' in r['g']
+
+@pytest.mark.parametrize('scope', ['global', 'node'])
+def test_resume_on_both_nodes(nodes, scope):
+    run, disks = nodes
+    assert all(r['resumed_from'] is None for r in run(s.node_resume, scope, 2, init=False).values())
+    res = run(s.node_resume, scope, init=False)
+    assert res[0]['resumed_from'] == res[1]['resumed_from'] == 'epoch_0002'
+    assert res[0]['weights'] == res[1]['weights']
+    full = ['epoch_0002', 'epoch_0003', 'epoch_0004', 'latest']
+    assert sorted([_listing(disks[0], 'models/ckpt'), _listing(disks[1], 'models/ckpt')]) == \
+           ([[], full] if scope == 'global' else [full, full])
