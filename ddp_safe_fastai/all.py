@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/99_all.ipynb #bbde139d
+# %% ../nbs/99_all.ipynb #583afed4
 from . import core, persist, distributed, learner, text, callback, checkpoint
 from .core import *
 from .persist import *
