@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/99_all.ipynb #583afed4
+# %% ../nbs/99_all.ipynb #e4ee621e
 from . import core, persist, distributed, learner, text, callback, checkpoint
 from .core import *
 from .persist import *

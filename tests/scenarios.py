@@ -4,6 +4,7 @@ from pathlib import Path
 import torch, torch.distributed as dist
 from fastai.basics import Callback
 from ddp_safe_fastai.all import *
+from ddp_safe_fastai.persist import flush_saves
 from ddp_safe_fastai.testing import synth_learner, synth_text_learner
 
 def ranks():
@@ -293,3 +294,34 @@ def node_resume(disk, scope, stop_after=None, epochs=4):
     ckpt = CheckpointCallback(scope=scope)
     with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 0.1, cbs=[SafeSaveModelCallback(scope=scope), ckpt, Stop()])
     return dict(node=node_rank_distrib(), resumed_from=ckpt.resumed_from, weights=learn.model.weight.flatten().tolist())
+
+# ---- asynchronous saves (issue 5) ----
+def async_fresh(root, delay=1.):
+    "Every rank saves asynchronously (rank 0 `delay` s late), then loads at once: the new weights, everywhere"
+    learn = _learner(root)
+    _fill(learn, 1.); learn.save('m')
+    _fill(learn, 2.)
+    if rank_distrib() == 0: time.sleep(delay)
+    learn.save('m', async_save=True)
+    _fill(learn, -1.)
+    learn.load('m')
+    return _value(learn)
+
+def async_write_failure(root):
+    "A good checkpoint exists; a background write fails half-way on rank 0; every rank hears of it at the next save"
+    learn = synth_learner(path=Path(root))
+    learn.model = torch.nn.Sequential(torch.nn.Linear(4, 256), torch.nn.Linear(256, 1))
+    learn.create_opt()
+    _fill(learn, 1.); f = learn.save('m')
+    _fill(learn, 2.)
+    old = _limit_file_size(f.stat().st_size // 2) if rank_distrib() == 0 else None
+    try:
+        learn.save('m', async_save=True)             # returns at once, on every rank
+        try: learn.save('other', async_save=True); err = None
+        except CheckpointError as e: err = str(e)
+        flush_saves()
+    finally:
+        if old: resource.setrlimit(resource.RLIMIT_FSIZE, old)
+    learn.load('m')
+    return dict(error=err, value=learn.model[0].weight.flatten()[0].item(),
+                files=sorted(p.name for p in f.parent.iterdir() if p.name.startswith('.m.')))
