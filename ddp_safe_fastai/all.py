@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/99_all.ipynb #e4ee621e
+# %% ../nbs/99_all.ipynb #af18b686
 from . import core, persist, distributed, learner, text, callback, checkpoint
 from .core import *
 from .persist import *

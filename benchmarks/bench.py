@@ -1,0 +1,169 @@
+"""Benchmarks of ddp_safe_fastai, each figure a ratio measured side by side in one run (not part of the tests).
+
+Run with `tools/bench.sh`. Prints one table per question and saves the plots to nbs/images/benchmarks.png."""
+import os, sys, time, json, statistics, tempfile
+from pathlib import Path
+import torch, torch.distributed as dist
+from fastai.basics import *
+from ddp_safe_fastai.all import *
+from ddp_safe_fastai.persist import flush_saves
+from ddp_safe_fastai.testing import synth_learner, torchrun_ranks
+
+MB = 2**20
+
+def learner_of(nbytes, path):
+    "A `Learner` whose model holds `nbytes` of float32 weights"
+    learn = synth_learner(path=path)
+    learn.model = nn.Sequential(nn.Linear(4, nbytes // 4 // 5))  # weight (n,4) + bias (n): 5 floats a row
+    return learn
+
+def fsync_path(f):
+    fd = os.open(f, os.O_RDONLY); os.fsync(fd); os.close(fd)
+
+def timed(f, reps):
+    "Median seconds of `f()` over `reps` runs"
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter(); f(); ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+def paired(fa, fb, reps, sync=False):
+    "Median seconds of `fa()` and of `fb()`, run alternately so that drift in the machine hits both alike"
+    ts = ([], [])
+    for i in range(reps):
+        for j,f in ((0, fa), (1, fb)) if i % 2 == 0 else ((1, fb), (0, fa)):
+            flush_saves()       # untimed: a background write ends during the epoch that follows it
+            if sync: os.sync()  # untimed: no run pays for the dirty pages of the one before
+            t = time.perf_counter(); f(); ts[j].append(time.perf_counter() - t)
+    return statistics.median(ts[0]), statistics.median(ts[1])
+
+# ---- one process: the cost of the guard ----
+def save_load_costs(sizes=(10*MB, 100*MB, 1024*MB)):
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        for size in sizes:
+            learn, reps = learner_of(size, d), (7 if size < 1024*MB else 5)
+            state, raw = learn.model.state_dict(), Path(d)/'raw.pth'
+            def raw_save(): torch.save(state, raw)
+            def raw_save_fsync(): torch.save(state, raw); fsync_path(raw); fsync_path(d)
+            def raw_load(): learn.model.load_state_dict(torch.load(raw, map_location='cpu'))
+            r = dict(size_mb=size/MB)
+            r['raw_save'],r['safe_save'] = paired(raw_save, lambda: learn.save('m', with_opt=False, durable=False), reps, True)
+            r['raw_save_fsync'],r['safe_save_durable'] = paired(raw_save_fsync, lambda: learn.save('m', with_opt=False), reps, True)
+            r['raw_load'],r['safe_load'] = paired(raw_load, lambda: learn.load('m', with_opt=False), reps)
+            rows.append(r)
+            del learn, state
+    return rows
+
+def async_stall(size=200*MB, reps=5):
+    "How long the training loop waits for a save: synchronous (durable) and asynchronous (copy to host memory)"
+    with tempfile.TemporaryDirectory() as d:
+        learn = learner_of(size, d)
+        def asyn():
+            learn.save('m', with_opt=False, async_save=True)  # timed: what the training loop waits for
+        sync,stall = paired(lambda: learn.save('m', with_opt=False), asyn, reps)
+        flush_saves()
+        return dict(size_mb=size/MB, sync=sync, async_=stall)
+
+# ---- several ranks: copies written, latency added, other libraries ----
+def _wchar():
+    return int(next(l for l in open('/proc/self/io') if l.startswith('wchar')).split()[1])
+
+def ranks_costs(root, size=10*MB, reps=3):
+    "On every rank: bytes written and seconds spent per checkpoint, unguarded, scope='global', scope='node'"
+    learn = learner_of(size, Path(root))
+    state, out = learn.model.state_dict(), {}
+    def unguarded(): torch.save(state, Path(root)/'models/unguarded.pth')  # fastai-style code without the guard
+    def tutorial():
+        if rank_distrib() == 0: torch.save(state, Path(root)/'models/tutorial.pth')
+        dist.barrier()
+    (Path(root)/'models').mkdir(exist_ok=True)
+    for name, f in [('unguarded', unguarded), ('tutorial rank0+barrier', tutorial),
+                    ('global', lambda: learn.save('g', with_opt=False)), ('node', lambda: learn.save('n', with_opt=False, scope='node'))]:
+        distrib_barrier()
+        w = _wchar(); t = timed(f, reps); w = (_wchar() - w) / reps
+        out[name] = dict(bytes=w, seconds=t)
+    return dict(size=os.path.getsize(Path(root)/'models/g.pth'), costs=out)
+
+def other_libraries(root, size=100*MB, reps=3):
+    "The same state through this library, HF Accelerate's save_state/load_state and torch.distributed.checkpoint"
+    import torch.distributed.checkpoint as dcp
+    from accelerate import Accelerator
+    learn = learner_of(size, Path(root))
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(learn.model)
+    res = {}
+    res['ddp_safe_fastai'] = (timed(lambda: learn.save('m', with_opt=False), reps), timed(lambda: learn.load('m', with_opt=False), reps))
+    dist.barrier()
+    d = Path(root)/'accel'
+    # save_state writes on the main process only and load_state does not wait for it: without this barrier rank 1
+    # reads before rank 0 has written (FileNotFoundError, seen here), the race this library closes in its loads
+    res['accelerate'] = (timed(lambda: (acc.save_state(str(d)), acc.wait_for_everyone()), reps), timed(lambda: acc.load_state(str(d)), reps))
+    sd = {'model': learn.model.state_dict()}
+    res['torch.distributed.checkpoint'] = (timed(lambda: (dcp.save(sd, checkpoint_id=str(Path(root)/'dcp')), dist.barrier()), reps),
+                                           timed(lambda: dcp.load(sd, checkpoint_id=str(Path(root)/'dcp')), reps))
+    return res
+
+# ---- report ----
+def table(title, header, rows):
+    print(f"\n{title}\n" + ' | '.join(header) + '\n' + ' | '.join('---' for _ in header))
+    for r in rows: print(' | '.join(r))
+
+def main():
+    results = {}
+    sl = results['save_load'] = save_load_costs()
+    table('Guarded save and load vs raw torch (one process, seconds, median)',
+          ['size', 'raw save', 'Learner.save', 'ratio', 'raw save+fsync', 'Learner.save durable', 'ratio', 'raw load', 'Learner.load', 'ratio'],
+          [[f"{r['size_mb']:.0f} MB", f"{r['raw_save']:.3f}", f"{r['safe_save']:.3f}", f"{r['safe_save']/r['raw_save']:.2f}x",
+            f"{r['raw_save_fsync']:.3f}", f"{r['safe_save_durable']:.3f}", f"{r['safe_save_durable']/r['raw_save_fsync']:.2f}x",
+            f"{r['raw_load']:.3f}", f"{r['safe_load']:.3f}", f"{r['safe_load']/r['raw_load']:.2f}x"] for r in sl])
+    a = results['async'] = async_stall()
+    table('Training stall per checkpoint, 200 MB model (seconds)', ['synchronous (durable)', 'async_save', 'ratio'],
+          [[f"{a['sync']:.3f}", f"{a['async_']:.3f}", f"{a['async_']/a['sync']:.0%}"]])
+    rk = results['ranks'] = {}
+    for n in (2, 4, 8):
+        with tempfile.TemporaryDirectory() as d:
+            outs = torchrun_ranks(ranks_costs, d, nproc=n, timeout=600)
+        bad = [o for o in outs if not o.ok]
+        if bad: raise RuntimeError(bad)
+        rk[n] = [o.value for o in outs]
+    rows = []
+    for n, vals in rk.items():
+        size = vals[0]['size']
+        for name in vals[0]['costs']:
+            copies = sum(v['costs'][name]['bytes'] for v in vals) / size
+            lat = max(v['costs'][name]['seconds'] for v in vals)
+            rows.append([str(n), name, f"{copies:.2f}", f"{lat*1000:.1f}"])
+    table('Copies written per checkpoint (bytes written / checkpoint size, all ranks) and the slowest rank\'s time in the save, 10 MB, one node',
+          ['ranks', 'how', 'copies', 'ms'], rows)
+    with tempfile.TemporaryDirectory() as d:
+        outs = torchrun_ranks(other_libraries, d, nproc=2, timeout=600)
+    if not all(o.ok for o in outs): raise RuntimeError(outs)
+    ol = results['libraries'] = outs[0].value
+    base = ol['ddp_safe_fastai']
+    table('The same 100 MB model on 2 ranks, rank 0\'s seconds (median)', ['library', 'save', 'vs this', 'load', 'vs this'],
+          [[k, f"{s:.3f}", f"{s/base[0]:.2f}x", f"{l:.3f}", f"{l/base[1]:.2f}x"] for k,(s,l) in ol.items()])
+    plot(results, Path(__file__).parent.parent/'nbs/images/benchmarks.png')
+    (Path(__file__).parent/'results.json').write_text(json.dumps(results, indent=1, default=str))
+
+def plot(results, png):
+    import matplotlib; matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(1, 3, figsize=(15, 4))
+    sl = results['save_load']; x = range(len(sl)); labels = [f"{r['size_mb']:.0f} MB" for r in sl]
+    for i,(k,lab) in enumerate([('safe_save/raw_save', 'save'), ('safe_save_durable/raw_save_fsync', 'durable save'), ('safe_load/raw_load', 'load')]):
+        num, den = k.split('/')
+        ax[0].bar([j + i*0.25 for j in x], [r[num]/r[den] for r in sl], 0.25, label=lab)
+    ax[0].axhline(1.1, ls='--', c='k', lw=1); ax[0].set_xticks([j+0.25 for j in x], labels)
+    ax[0].set_title('guarded / raw torch (lower is better; 1.10 dashed)'); ax[0].legend()
+    rk = results['ranks']; names = list(next(iter(rk.values()))[0]['costs'])
+    for i,name in enumerate(names):
+        ax[1].plot(list(rk), [sum(v['costs'][name]['bytes'] for v in vals)/vals[0]['size'] for vals in rk.values()], 'o-', label=name)
+    ax[1].set_xlabel('ranks'); ax[1].set_title('copies written per checkpoint'); ax[1].legend()
+    ol = results['libraries']
+    ax[2].bar([k.replace('torch.distributed.checkpoint', 'DCP') for k in ol], [v[0] for v in ol.values()], label='save')
+    ax[2].set_title('100 MB on 2 ranks: save seconds')
+    png.parent.mkdir(parents=True, exist_ok=True); fig.tight_layout(); fig.savefig(png, dpi=80)
+    print(f"\nplots: {png}")
+
+if __name__ == '__main__': main()
