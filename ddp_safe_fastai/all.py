@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/99_all.ipynb #616d46c2
+# %% ../nbs/99_all.ipynb #7ba861b8
 from . import core, persist, distributed, learner, text, callback, checkpoint
 from .core import *
 from .persist import *
