@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/99_all.ipynb #7a06ada2
+# %% ../nbs/99_all.ipynb #6d42282d
 from . import core, persist, distributed, learner, text, callback, checkpoint
 from .core import *
 from .persist import *
