@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #88d9ff79
 from __future__ import annotations
-import os, glob, pickle, secrets, shutil, socket
+import os, sys, glob, ctypes, pickle, secrets, shutil, socket
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
@@ -209,6 +209,16 @@ def _free_space(file):
 
 def _tmp_prefix(file): return file.parent/f".{file.name}."
 
+_renameat2 = getattr(ctypes.CDLL(None, use_errno=True), 'renameat2', None) if sys.platform == 'linux' else None
+
+def _swap_in(tmp, file):
+    "Put `tmp` in `file`'s place atomically; True if the previous `file` is now at `tmp`, to be removed"
+    # ext4 starts writing back a file renamed over another (`auto_da_alloc`), which makes `os.replace` of a fresh
+    # 100 MB checkpoint 30% slower than rewriting it in place; exchanging the two names (RENAME_EXCHANGE) does not
+    if _renameat2 and file.exists() and _renameat2(-100, os.fsencode(tmp), -100, os.fsencode(file), 2) == 0: return True
+    os.replace(tmp, file)  # no renameat2, a file system without the exchange, or no previous file
+    return False
+
 def _remove_stale_tmps(file):
     "Remove temporaries that killed writers left beside `file`"
     for t in glob.glob(glob.escape(str(_tmp_prefix(file))) + '*.tmp'):
@@ -226,7 +236,7 @@ def atomic_write(file, # the file to write
         write(tmp)
         if file.exists(): shutil.copymode(file, tmp)
         if durable: _fsync(tmp)
-        os.replace(tmp, file)
+        swapped = _swap_in(tmp, file)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
         if isinstance(e, Exception):
@@ -234,6 +244,7 @@ def atomic_write(file, # the file to write
                                   f"file, if any, is intact)") from e
         raise
     if durable: _fsync(file.parent, directory=True)
+    if swapped: tmp.unlink()
     _remove_stale_tmps(file)
     return file
 
