@@ -20,9 +20,12 @@ __all__ = ['host_copy', 'stage_for_save', 'flush_saves', 'save_on_main', 'save_s
            'load_state']
 
 # %% ../nbs/01_persist.ipynb #a6f5bf2d
-_saves = {}  # (file, scope) -> how many saves of it this process has made
+_saves = {}  # (file name, scope) -> saves of files of that name this process has made
 
 def _save_key(file, scope, gen):
+    "The store key of the outcome of save number `gen` of a file of `file`'s name"
+    # by name: ranks may reach one file by different paths (node mounts); saves are counted by name too, so that two
+    # files of one name in different directories never share a key
     node = '' if scope == 'global' else f"/node{node_rank_distrib()}"
     return f"ddp_safe/save{node}/{file.name}/{gen}"
 
@@ -104,7 +107,7 @@ def save_on_main(file, # the file to write
     "Write `file` through `write` on the main process alone, atomically; every rank that calls it raises if that failed"
     file = Path(file).absolute()
     flush_saves(timeout)
-    gen = _saves[file,scope] = _saves.get((file,scope), 0) + 1
+    gen = _saves[file.name,scope] = _saves.get((file.name,scope), 0) + 1
     key = _save_key(file, scope, gen) if _pg_ready() else None
     if is_main_process(scope):
         if async_save: _in_flight.append(_writer.submit(_write_and_publish, file, write, durable, key))

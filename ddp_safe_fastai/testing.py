@@ -72,17 +72,19 @@ def spawn_ranks(f, # a module-level function, run on every rank
                 *args, # its arguments
                 nproc=2, # how many ranks
                 timeout=60, # seconds before the ranks still running are killed and named
-                env=None): # extra environment variables for the ranks
-    "Run `f(*args)` on `nproc` ranks started by `torch.multiprocessing.spawn`; one `Outcome` per rank"
+                env=None, # extra environment variables for the ranks
+                kill_when=None): # a function polled while the ranks run: when it returns True, SIGKILL them all
+    "Run `f(*args)` on `nproc` ranks started by `torch.multiprocessing.spawn`; one `Outcome` per rank (None if `kill_when` fired)"
     with tempfile.TemporaryDirectory() as outdir:
         ctx = mp.start_processes(_spawned, args=(f, args, nproc, free_port(), outdir, env or {}), nprocs=nproc,
                                  join=False, start_method='spawn')
-        deadline = time.monotonic() + timeout
-        while not ctx.join(timeout=max(0.1, deadline-time.monotonic())):
-            if time.monotonic() >= deadline:
+        deadline,killed = time.monotonic() + timeout,False
+        while not ctx.join(timeout=min(0.1, max(0.01, deadline-time.monotonic()))):
+            killed = bool(kill_when and kill_when())
+            if killed or time.monotonic() >= deadline:
                 for p in ctx.processes:
                     if p.is_alive(): p.kill()
-                return _collect(outdir, nproc, timeout, stalled=True)
+                return None if killed else _collect(outdir, nproc, timeout, stalled=True)
         return _collect(outdir, nproc, timeout, stalled=False)
 
 # %% ../nbs/90_testing.ipynb #aed331c7
