@@ -18,3 +18,10 @@ def values(outcomes):
     bad = [o for o in outcomes if not o.ok]
     assert not bad, '\n'.join(f"{o!r}\n{getattr(o, 'traceback', '')}" for o in bad)
     return [o.value for o in outcomes]
+
+def own_disks(tmp_path, nnodes=2):
+    "A checkpoint path and a disk per node: node i's torchrun agent, started under `prefix(i)`, sees disk i mounted there"
+    mnt, disks = tmp_path/'ckpt', [tmp_path/f'disk{i}' for i in range(nnodes)]
+    for d in (mnt, *disks): d.mkdir()
+    mount = 'mount --make-rprivate / && mount --bind "$0" "$1" && shift && exec "$@"'
+    return mnt, disks, lambda i: ['unshare', '-m', 'sh', '-c', mount, str(disks[i]), str(mnt)]

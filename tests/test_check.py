@@ -1,7 +1,7 @@
 """Issue 5: the `ddp-safe-check` command, run as a user runs it: the installed console script, and under torchrun"""
 import os, re, sys, subprocess
 from pathlib import Path
-from conftest import values
+from conftest import values, own_disks
 from ddp_safe_fastai.check import RACES, check_dir
 from ddp_safe_fastai.testing import torchrun_ranks, free_port
 
@@ -45,9 +45,6 @@ def test_dir_under_torchrun(tmp_path):
 
 def test_dir_not_shared_across_nodes(tmp_path):
     "Two torchrun agents, each with its own disk mounted at the same path: the check says the directory is not shared"
-    mnt, disks = tmp_path/'ckpt', [tmp_path/'disk0', tmp_path/'disk1']
-    for d in (mnt, *disks): d.mkdir()
-    mount = 'mount --make-rprivate / && mount --bind "$0" "$1" && shift && exec "$@"'
-    prefix = lambda i: ['unshare', '-m', 'sh', '-c', mount, str(disks[i]), str(mnt)]
+    mnt, _, prefix = own_disks(tmp_path)
     rep = values(torchrun_ranks(check_dir, str(mnt), nproc=1, nnodes=2, node_prefix=prefix, timeout=240))[0]
     assert rep['shared'] is False and rep['nodes'] == 2 and rep['replace'] is None and isinstance(rep['fsync'], tuple)

@@ -2,16 +2,13 @@
 own disk mounted at the same path in its own mount namespace"""
 import pytest
 import scenarios as s
-from conftest import values
+from conftest import values, own_disks
 from ddp_safe_fastai.testing import torchrun_ranks
 
 @pytest.fixture
 def nodes(tmp_path):
     "Run a scenario on the 2 nodes, with the checkpoint path as first argument; also gives each node's disk"
-    mnt, disks = tmp_path/'ckpt', [tmp_path/'disk0', tmp_path/'disk1']
-    for d in (mnt, *disks): d.mkdir()
-    mount = 'mount --make-rprivate / && mount --bind "$0" "$1" && shift && exec "$@"'
-    prefix = lambda i: ['unshare', '-m', 'sh', '-c', mount, str(disks[i]), str(mnt)]
+    mnt, disks, prefix = own_disks(tmp_path)
     def run(f, *args, init=True, env=None):
         res = values(torchrun_ranks(f, str(mnt), *args, nproc=1, nnodes=2, node_prefix=prefix, init=init,
                                     timeout=240, env=env))
