@@ -19,6 +19,8 @@ __all__ = ['RACES', 'Idioms', 'Raised', 'Race', 'check_races', 'races_table', 'l
            'dir_is_fit', 'main']
 
 # %% ../nbs/60_check.ipynb #9fc53866
+def _rank(): return dist.get_rank() # the races' ranks always have a process group
+
 class Idioms:
     "The file operations of a race: the plain way (`lib=False`) or through this library"
     def __init__(self, lib): self.lib = lib
@@ -28,7 +30,7 @@ class Idioms:
     def save_guarded(self, obj, f):
         "Rank 0 saves, the others go on (fastai's `if rank_distrib(): return`, the tutorials' `if rank == 0`)"
         if self.lib: return save_state(obj, f)
-        if dist.get_rank() == 0: torch.save(obj, f)
+        if _rank() == 0: torch.save(obj, f)
     def load(self, f):
         "Every rank reads"
         return load_state(f, map_location='cpu') if self.lib else torch.load(f, map_location='cpu')
@@ -86,7 +88,7 @@ class Race:
 # %% ../nbs/60_check.ipynb #b65a4b96
 def _late():
     "Rank 0 arrives up to 20 ms late, as a main process that logs, validates or saves more does"
-    if dist.get_rank() == 0: time.sleep(random.uniform(0, 0.02))
+    if _rank() == 0: time.sleep(random.uniform(0, 0.02))
 
 _write_secs = {} # Idioms.lib -> seconds one whole write of the crash race's checkpoint takes here
 
@@ -114,7 +116,6 @@ def _file_size_limit(nbytes):
     finally: resource.setrlimit(resource.RLIMIT_FSIZE, old); signal.signal(signal.SIGXFSZ, handler)
 
 # %% ../nbs/60_check.ipynb #1f3ed2b0
-def _rank(): return dist.get_rank()
 def _big(v): return _ckpt(v, 2**23) # 32 MB: a write long enough to be killed half-way
 
 def _each_rank_saves(io, f, t): io.save(_ckpt(100*t + _rank()), f)
@@ -193,7 +194,7 @@ def _run_races(root, names, trials):
 
 # %% ../nbs/60_check.ipynb #3a237a76
 def _tally(log, names):
-    "{race: {side: (failed trials, trials, first failure)}} from the trial log"
+    "{race: {side: [failed trials, trials, first failure]}} from the trial log"
     res = {n: {s: [0, 0, None] for s in ('plain', 'library')} for n in names}
     for line in Path(log).read_text().splitlines():
         r = json.loads(line); cell = res[r['race']][r['side']]
@@ -280,10 +281,11 @@ def _fsync_ms(d):
         return (t1-t)*1000, (time.perf_counter()-t1)*1000
     except OSError as e: return describe(e)
 
-def _median_ms(f, reps):
-    ts = []
-    for _ in range(reps): t = time.perf_counter(); f(); ts.append(time.perf_counter() - t)
-    return statistics.median(ts)*1000
+def _ms(f):
+    "Milliseconds one call of `f` takes"
+    t = time.perf_counter(); f(); return (time.perf_counter() - t)*1000
+
+def _median_ms(f, reps): return statistics.median(_ms(f) for _ in range(reps))
 
 def _write_rates(d, mb=64, reps=5):
     "MB/s of a plain write and fsync, and of a durable `atomic_save`, of the same `mb` MB tensor, run alternately"
@@ -294,7 +296,7 @@ def _write_rates(d, mb=64, reps=5):
     for _ in range(reps):
         for f,t in ts.items():
             os.sync() # untimed: neither pays for the other's dirty pages
-            t.append(_median_ms(f, 1))
+            t.append(_ms(f))
     return tuple(mb*1000/statistics.median(t) for t in ts.values())
 
 def _probe_dir(path):
