@@ -20,8 +20,9 @@ def learner_of(nbytes, path):
 def fsync_path(f):
     fd = os.open(f, os.O_RDONLY); os.fsync(fd); os.close(fd)
 
-def timed(f, reps):
-    "Median seconds of `f()` over `reps` runs"
+def timed(f, reps, warm_up=True):
+    "Median seconds of `f()` over `reps` runs, after an untimed one that pays for first touches (memory, disk blocks)"
+    if warm_up: f()
     ts = []
     for _ in range(reps):
         t = time.perf_counter(); f(); ts.append(time.perf_counter() - t)
@@ -43,7 +44,7 @@ def save_load_costs(sizes=(10*MB, 100*MB, 1024*MB)):
     rows = []
     with tempfile.TemporaryDirectory() as d:
         for size in sizes:
-            learn, reps = learner_of(size, d), (9 if size < 1024*MB else 7)
+            learn, reps = learner_of(size, d), (41 if size <= 10*MB else 15)
             state, raw = learn.model.state_dict(), Path(d)/'raw.pth'
             def raw_save(): torch.save(state, raw)
             def raw_save_fsync(): torch.save(state, raw); fsync_path(raw); fsync_path(d)
@@ -81,8 +82,8 @@ def ranks_costs(root, size=10*MB, reps=3):
     (Path(root)/'models').mkdir(exist_ok=True)
     for name, f in [('unguarded', unguarded), ('tutorial rank0+barrier', tutorial),
                     ('global', lambda: learn.save('g', with_opt=False)), ('node', lambda: learn.save('n', with_opt=False, scope='node'))]:
-        distrib_barrier()
-        w = _wchar(); t = timed(f, reps); w = (_wchar() - w) / reps
+        f(); distrib_barrier()
+        w = _wchar(); t = timed(f, reps, warm_up=False); w = (_wchar() - w) / reps
         out[name] = dict(bytes=w, seconds=t)
     return dict(size=os.path.getsize(Path(root)/'models/g.pth'), costs=out)
 
@@ -112,6 +113,8 @@ def table(title, header, rows):
 
 def main():
     results = {}
+    kept = os.environ.get('MALLOC_MMAP_MAX_') == '0'
+    print(f"freed memory kept by the process (see tools/bench.sh): {'yes' if kept else 'no: the 1 GB figures vary with the host'}")
     sl = results['save_load'] = save_load_costs()
     table('Guarded save and load vs raw torch (one process, seconds, median)',
           ['size', 'raw save', 'Learner.save', 'ratio', 'raw save+fsync', 'Learner.save durable', 'ratio', 'raw load', 'Learner.load', 'ratio'],

@@ -133,6 +133,7 @@ class CheckpointCallback(Callback):
     def _save(self):
         state,rngs = self._state(),exchange(get_rng_state(), 'CheckpointCallback rng')
         if self.async_save: state = stage_for_save(state, self.scope)
+        if is_main_process(self.scope): self.root.mkdir(parents=True, exist_ok=True) # where `latest` is written
         save_on_main(self.root/'latest', partial(self._commit, state, rngs), self.scope, self.durable,
                      async_save=self.async_save)
 

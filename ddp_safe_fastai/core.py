@@ -4,12 +4,14 @@
 
 # %% ../nbs/00_core.ipynb #88d9ff79
 from __future__ import annotations
-import os, sys, glob, ctypes, pickle, secrets, shutil, socket
-from contextlib import contextmanager
+import os, sys, glob, ctypes, pickle, secrets, shutil, socket, threading
+from contextlib import contextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
 import torch, torch.distributed as dist
 from fastcore.basics import *
+try: import fcntl
+except ImportError: fcntl = None  # Windows: no file locks
 
 # %% auto #0
 __all__ = ['CheckpointError', 'DistributedTimeoutError', 'rank_distrib', 'num_distrib', 'Topology', 'topology',
@@ -199,8 +201,35 @@ def _fsync(path, directory=False):
     "Flush `path` (a file, or a `directory` entry) to the disk"
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try: os.fsync(fd)
-    except OSError: pass # some file systems cannot fsync a directory
+    except OSError:
+        if not directory: raise  # the bytes may not be on the disk: a durable write must not report success
+        # some file systems cannot fsync a directory: the rename is then as durable as they make it
     finally: os.close(fd)
+
+def _open_previous(file):
+    "The file now at `file`, open, with its cached pages given back to the kernel for the new version; None if none"
+    # the old bytes stay on the disk until the swap; only their copy in memory goes (dirty pages are written first).
+    # On a VM whose host reclaims free guest memory, a 1 GB save into pages the kernel must find anew took 2.3 s;
+    # into the pages the previous version gives back, 0.67 s (a plain torch.save in place: 1.0 s)
+    try: fd = os.open(file, os.O_RDONLY)
+    except OSError: return None  # no previous file, or not one this process can read
+    if hasattr(os, 'posix_fadvise'): os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return fd
+
+def _close_quietly(fd):
+    with suppress(OSError): os.close(fd)
+
+_closing = []  # threads closing the previous versions of files this process replaced
+
+def _close_later(fd):
+    "Close `fd` in a thread of its own: the last close of a removed file frees its blocks, which can take long"
+    # on a disk mounted with `discard`, freeing 100 MB took 20 ms here, as long as the rest of the save
+    t = threading.Thread(target=_close_quietly, args=(fd,), daemon=True)
+    t.start(); _closing.append(t)
+
+def _wait_closes():
+    "Wait until the previous versions of the files this process replaced are freed"
+    while _closing: _closing.pop(0).join()
 
 def _free_space(file):
     "How much room is left on `file`'s disk, in words"
@@ -208,6 +237,30 @@ def _free_space(file):
     except OSError: return "its directory cannot be read"
 
 def _tmp_prefix(file): return file.parent/f".{file.name}."
+
+def _lock(fd, wait=False):
+    "Lock the open file `fd` for this process alone: True, False if another holds it, None if it cannot be locked"
+    if fcntl is None: return None
+    try: fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB)); return True
+    except BlockingIOError: return False
+    except OSError: return None  # a file system without locks
+
+def _is_at(fd, path):
+    "Is the open file `fd` still the file at `path`?"
+    try: st,fst = os.stat(path),os.fstat(fd)
+    except FileNotFoundError: return False
+    return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
+
+def _claim_tmp(file):
+    "A new temporary beside `file`, locked for as long as this process holds the returned descriptor"
+    # the lock tells a temporary being written from one a killed writer left: two writers of one file (`scope='node'`
+    # on a shared disk) must not remove each other's temporaries
+    while True:
+        tmp = Path(f"{_tmp_prefix(file)}{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # the mode `torch.save` creates files with
+        _lock(fd, wait=True)
+        if _is_at(fd, tmp): return tmp,fd
+        os.close(fd)  # another writer's cleanup took it between its creation and the lock
 
 _renameat2 = getattr(ctypes.CDLL(None, use_errno=True), 'renameat2', None) if sys.platform == 'linux' else None
 
@@ -220,10 +273,14 @@ def _swap_in(tmp, file):
     return False
 
 def _remove_stale_tmps(file):
-    "Remove temporaries that killed writers left beside `file`"
+    "Remove the temporaries beside `file` that no writer holds: killed writers left them"
     for t in glob.glob(glob.escape(str(_tmp_prefix(file))) + '*.tmp'):
-        try: os.unlink(t)
-        except FileNotFoundError: pass
+        try: fd = os.open(t, os.O_RDWR)  # for writing: NFS locks a file exclusively only then
+        except OSError: continue  # gone meanwhile
+        try:
+            if _lock(fd): os.unlink(t)
+        except OSError: pass
+        finally: os.close(fd)
 
 # %% ../nbs/00_core.ipynb #0df75eab
 def atomic_write(file, # the file to write
@@ -231,7 +288,17 @@ def atomic_write(file, # the file to write
                  durable=True): # fsync the file and its directory
     "Write `file` through `write(tmp_path)` and put it in place with one atomic rename; `file` is never partly written"
     file = Path(file)
-    tmp = Path(f"{_tmp_prefix(file)}{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    prev = _open_previous(file)  # held open until the end: its blocks are freed when it is closed, in the background
+    try: _write_and_swap(file, write, durable)
+    finally:
+        if prev is not None: _close_later(prev)
+    _remove_stale_tmps(file)
+    return file
+
+def _write_and_swap(file, write, durable):
+    "Write `file` through a temporary of its own and swap it in; remove the name of the previous file"
+    try: tmp,lock = _claim_tmp(file)
+    except OSError as e: raise CheckpointError(f"could not write {file}: {describe(e)}") from e
     try:
         write(tmp)
         if file.exists(): shutil.copymode(file, tmp)
@@ -243,10 +310,9 @@ def atomic_write(file, # the file to write
             raise CheckpointError(f"could not write {file}: {describe(e)} ({_free_space(file)}; the previous "
                                   f"file, if any, is intact)") from e
         raise
+    finally: os.close(lock)
     if durable: _fsync(file.parent, directory=True)
-    if swapped: tmp.unlink()
-    _remove_stale_tmps(file)
-    return file
+    if swapped: tmp.unlink(missing_ok=True)  # the previous file (another writer's cleanup may have been first)
 
 def atomic_save(obj, file, durable=True, **torch_save_kwargs):
     "`torch.save(obj, file, **torch_save_kwargs)`, atomically: the previous `file` survives any failure"

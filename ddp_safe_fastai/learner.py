@@ -11,12 +11,13 @@ import torch, cloudpickle
 from fastcore.basics import *
 from fastcore.meta import delegates
 import fastai.learner
-from fastai.torch_core import get_model, default_device
+from fastai.torch_core import get_model, default_device, apply
 from fastai.data.core import DataLoaders
 from fastai.learner import Learner, join_path_file, load_model
 from .core import *
 from .core import _pg_ready
 from .persist import *
+from .persist import _mappable, _torch_load
 from .distributed import fastai_original, rebind_fastai
 
 # %% auto #0
@@ -36,6 +37,22 @@ def _apply_model_state(state, model, opt, with_opt=True, strict=True):
         try: opt.load_state_dict(state['opt'])
         except Exception: warnings.warn("Could not load the optimizer state.")
     elif with_opt: warnings.warn("Saved file doesn't contain an optimizer state.")
+
+def _model_file(learn, file):
+    "`file` in `learn`'s model directory, '.pth' added, as fastai names it; unlike fastai's, a load makes no directory"
+    return learn.path/learn.model_dir/f"{file}.pth"
+
+def _own_memory(o):
+    "`o`, or a copy in memory of its own if it is a tensor in host memory (which may be a file's mapped pages)"
+    return o.clone() if isinstance(o, torch.Tensor) and o.device.type == 'cpu' else o
+
+def _load_into(file, learn, device, with_opt=True, strict=True, weights_only=True, **torch_load_kwargs):
+    "Read `file`, written by `Learner.save`, into `learn`: a file on disk is mapped, not first copied into memory"
+    mapped = _mappable(file)
+    state = _torch_load(file, weights_only, map_location=device, mmap=mapped, **torch_load_kwargs)
+    # the model copies the tensors it is given; the optimizer keeps them: they must not be the file's pages
+    if mapped and set(state) == {'model', 'opt'}: state['opt'] = apply(_own_memory, state['opt'])
+    _apply_model_state(state, learn.model, learn.opt, with_opt, strict)
 
 def _load_device(learn, device):
     "Where a load puts tensors: `device` if given, else this rank's own device (not the one the dls were built on)"
@@ -71,9 +88,9 @@ def load(self:Learner,
          **torch_load_kwargs):
     "Load model and optimizer state (if `with_opt`) from `self.path/self.model_dir/file`, on every rank"
     if self.opt is None: self.create_opt()
-    file = join_path_file(file, self.path/self.model_dir, ext='.pth')
-    state = load_state(file, _load_device(self, device), weights_only, timeout, scope=scope, **torch_load_kwargs)
-    _apply_model_state(state, self.model, self.opt, with_opt, strict)
+    # into the model inside the read: no rank leaves the load (and may replace the file) while another still reads it
+    read_on_all(_model_file(self, file), partial(_load_into, learn=self, device=_load_device(self, device),
+                with_opt=with_opt, strict=strict, weights_only=weights_only, **torch_load_kwargs), 'load', timeout, scope)
     return self
 
 # %% ../nbs/10_learner.ipynb #42bcb1ef

@@ -7,13 +7,13 @@ from __future__ import annotations
 import io, os, pickle, logging, secrets
 import torch.distributed as dist
 from datetime import timedelta
-from functools import partial
+from functools import partial, cache
 from pathlib import Path
 import numpy as np, torch
 from fastcore.basics import *
 from fastcore.foundation import L
 from .core import *
-from .core import _pg_ready, _store
+from .core import _pg_ready, _store, _wait_closes
 
 # %% auto #0
 __all__ = ['host_copy', 'stage_for_save', 'flush_saves', 'save_on_main', 'save_state', 'dir_is_shared', 'read_on_all',
@@ -92,10 +92,11 @@ def _raise_failure(failure):
     if failure: raise CheckpointError(failure)
 
 def flush_saves(timeout=None):
-    "Wait for this rank's asynchronous saves; raise `CheckpointError` on every rank if one of them failed"
+    "Wait for this rank's background work on saves; raise `CheckpointError` on every rank if a write failed"
     while _in_flight:
         item = _in_flight.pop(0)
         _raise_failure(_wait_for_writer(*item, timeout) if isinstance(item, tuple) else item.result())
+    _wait_closes() # one at a time, like the writes: the next save does not race the freeing of the last one's blocks
 
 # %% ../nbs/01_persist.ipynb #9416241d
 def save_on_main(file, # the file to write
@@ -132,6 +133,7 @@ def _why_unreadable(e):
     if 'Weights only load failed' in str(e):
         return ("it holds objects that are not plain weights; `weights_only=True` refused them and ran nothing. "
                 "Load it with `weights_only=False` only if you trust it")
+    if 'Error(s) in loading state_dict' in msg: return f"it does not fit the model: {' '.join(str(e).split(chr(10), 1)[-1].split())}"
     if isinstance(e, (EOFError, pickle.UnpicklingError)) or 'PytorchStreamReader' in msg or 'zip archive' in msg:
         return f"truncated or corrupt file ({type(e).__name__}: {msg})"
     return f"{type(e).__name__}: {msg}"
@@ -225,10 +227,18 @@ def read_on_all(file, # the file to read
     return res
 
 # %% ../nbs/01_persist.ipynb #2b56dd68
+@cache
 def _fastai_safe_globals():
     "The non-tensor types that fastai's model and optimizer states contain"
     npc = getattr(np, '_core', None) or np.core
     return [L, npc.multiarray.scalar, np.dtype, *[getattr(np.dtypes, t) for t in np.dtypes.__all__]]
+
+def _mappable(file):
+    "Can `torch.load` map `file` into memory rather than read it (a path, to a file in torch's zip format)?"
+    if not isinstance(file, (str, os.PathLike)): return False
+    try:
+        with open(file, 'rb') as f: return f.read(4) == b'PK\x03\x04'
+    except OSError: return False
 
 def _torch_load(file, weights_only=True, **kwargs):
     if not weights_only: return torch.load(file, weights_only=False, **kwargs)

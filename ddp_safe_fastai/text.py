@@ -10,7 +10,7 @@ from fastai.learner import join_path_file
 from fastai.text.learner import TextLearner, clean_raw_keys
 from .core import *
 from .persist import *
-from .learner import _load_device
+from .learner import _load_device, _model_file
 
 # %% auto #0
 __all__ = []
@@ -37,8 +37,7 @@ def load_encoder(self:TextLearner,
                  device=None, # where tensors go (default: this rank's device under DDP, else `dls.device`)
                  timeout=None): # seconds to wait for the other ranks
     "Load the encoder `file` from the model directory on every rank (weights only), then freeze"
-    file = join_path_file(file, self.path/self.model_dir, ext='.pth')
-    _encoder(self).load_state_dict(clean_raw_keys(load_state(file, _load_device(self, device), timeout=timeout,
-                                                            what='load_encoder')))
+    state = load_state(_model_file(self, file), _load_device(self, device), timeout=timeout, what='load_encoder')
+    _encoder(self).load_state_dict(clean_raw_keys(state))
     self.freeze()
     return self

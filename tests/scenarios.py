@@ -282,6 +282,20 @@ def node_save_load(disk):
     _fill(learn, -1.); learn.load('n', scope='node'); n = _value(learn)
     return dict(node=node_rank_distrib(), files=sorted(p.name for p in (Path(disk)/'models').iterdir()), g=g, n=n)
 
+def node_saves_on_shared_disk(root, n=30):
+    "`scope='node'` on a disk the nodes share: each node writes the same file at the same moment, `n` times"
+    learn = _learner(root)
+    learn.model = torch.nn.Linear(1000, 1000)  # 4 MB: writes long enough to overlap
+    _fill(learn, float(node_rank_distrib()))
+    failures = []
+    for _ in range(n):
+        distrib_barrier()
+        try: learn.save('n', with_opt=False, scope='node')
+        except CheckpointError as e: failures.append(str(e))
+    distrib_barrier()
+    learn.load('n', with_opt=False, scope='node')
+    return dict(failures=failures, value=_value(learn), files=sorted(os.listdir(Path(root)/'models')))
+
 def node_resume(disk, scope, stop_after=None, epochs=4):
     "One-cycle training with `CheckpointCallback(scope=scope)`, stopped after `stop_after` epochs or resumed"
     import fastai.callback.schedule

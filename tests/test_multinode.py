@@ -32,6 +32,13 @@ def test_without_sending_every_rank_names_the_node(nodes):
     for r in res.values():
         assert 'rank(s) [1] on node(s) [1] do not have the file' in r['g'] and 'g.pth' in r['g']
 
+def test_node_scope_on_a_shared_disk(tmp_path):
+    "Both nodes write one file at once, 30 times: no save fails, and one whole file is left"
+    res = values(torchrun_ranks(s.node_saves_on_shared_disk, str(tmp_path), nproc=1, nnodes=2, timeout=240))
+    assert [r['failures'] for r in res] == [[], []]
+    assert [r['files'] for r in res] == [['n.pth'], ['n.pth']]
+    assert res[0]['value'] == res[1]['value'] in (0., 1.)
+
 @pytest.mark.parametrize('scope', ['global', 'node'])
 def test_resume_on_both_nodes(nodes, scope):
     run, disks = nodes
