@@ -268,8 +268,8 @@ def _swap_in(tmp, file):
     "Put `tmp` in `file`'s place atomically; True if the previous `file` is now at `tmp`, to be removed"
     # ext4 starts writing back a file renamed over another (`auto_da_alloc`), which makes `os.replace` of a fresh
     # 100 MB checkpoint 30% slower than rewriting it in place; exchanging the two names (RENAME_EXCHANGE) does not
-    if _renameat2 and file.exists() and _renameat2(-100, os.fsencode(tmp), -100, os.fsencode(file), 2) == 0: return True
-    os.replace(tmp, file)  # no renameat2, a file system without the exchange, or no previous file
+    if _renameat2 and file.is_file() and _renameat2(-100, os.fsencode(tmp), -100, os.fsencode(file), 2) == 0: return True
+    os.replace(tmp, file)  # no renameat2, a file system without the exchange, no previous file, or not a file
     return False
 
 def _remove_stale_tmps(file):
