@@ -120,6 +120,31 @@ def _wait_all(store, keys, what, timeout):
         raise DistributedTimeoutError(f"{what}: rank(s) {missing} did not arrive within {timeout:g}s ({seen}; "
                                       f"raised on rank {rank_distrib()})") from e
 
+def _leave(store, meeting, n, timeout):
+    "Say this rank has read `meeting`; rank 0 leaves only when every rank has"
+    # without torchrun, `init_process_group` puts the store in rank 0's process: were rank 0 to leave the last meeting
+    # and exit, a rank still reading it would fail with "Connection reset by peer"
+    if store.add(f"{meeting}/read", 1) == n: store.set(f"{meeting}/all_read", '')
+    if rank_distrib() != 0: return
+    with suppress(Exception): store.wait([f"{meeting}/all_read"], timedelta(seconds=timeout))  # else a rank died
+    for k in ('read', 'all_read'): store.delete_key(f"{meeting}/{k}")
+
+_max_value = 8*2**20 - 2**12  # the most a `TCPStore` message carries (8 MiB), less room for the key
+
+class _TooLarge(int):
+    "The size of an object too large to publish, published instead of it"
+
+def _publishable(obj):
+    "`obj` with this process's host name, pickled; its size alone if the store cannot carry it"
+    data = pickle.dumps((_host_id(), obj))
+    return data if len(data) <= _max_value else pickle.dumps((_host_id(), _TooLarge(len(data))))
+
+def _check_sizes(res, what):
+    "Raise on every rank if some rank's object was too large to publish"
+    big = {r:o for r,o in enumerate(res) if isinstance(o, _TooLarge)}
+    if big: raise ValueError(f"{what}: the object of rank(s) {list(big)} pickles to {max(big.values())/2**20:.1f} MiB; "
+                             f"ranks exchange at most {_max_value/2**20:.1f} MiB: exchange the path of a file instead")
+
 def exchange(obj, what, timeout=None):
     "Publish `obj` at the meeting named `what` and return the `obj` of every rank, in rank order"
     if not _pg_ready(): return [obj]
@@ -127,15 +152,17 @@ def exchange(obj, what, timeout=None):
     i = _meetings[what] = _meetings.get(what, 0) + 1
     keys = [f"ddp_safe/{what}/{i}/{j}" for j in range(n)]
     store.set(f"ddp_safe/at/{r}", what)
-    store.set(keys[r], pickle.dumps((_host_id(), obj)))
+    store.set(keys[r], _publishable(obj))
     try: _wait_all(store, keys, what, timeout)
     except DistributedTimeoutError:
         store.set(f"{keys[r]}/gave_up", '1'); store.delete_key(keys[r]); _meetings[what] = i-1
         raise
-    hosts,res = zip(*[pickle.loads(store.get(k)) for k in keys])
+    hosts,res = zip(*map(pickle.loads, store.multi_get(keys)))
     if _group_key() not in _topologies: _topologies[_group_key()] = Topology(hosts)
     # everyone is at meeting i, so everyone has read meeting i-1: this rank's key there can go
     if i > 1: store.delete_key(f"ddp_safe/{what}/{i-1}/{r}")
+    _leave(store, f"ddp_safe/{what}/{i}", n, timeout)
+    _check_sizes(res, what)
     return list(res)
 
 # %% ../nbs/00_core.ipynb #4d57fd7d

@@ -22,6 +22,23 @@ def barrier_missing(absent, timeout):
     try: distrib_barrier(timeout=timeout)
     finally: print(f"waited {time.monotonic()-t:.1f}s")
 
+def slow_reader_at_the_end(delay):
+    "Ranks meet once and leave; every rank but 0 is `delay` s late reading the meeting (rank 0's process may host the store)"
+    import sys
+    def late(frame, event, f):
+        # the library's reads of the store (a pybind11 method, so not a `Store` bound method): not a `dict.get`
+        reads = getattr(f, '__name__', '') in ('get', 'multi_get') and not isinstance(getattr(f, '__self__', None), dict)
+        if event == 'c_call' and frame.f_globals['__name__'] == 'ddp_safe_fastai.core' and reads:
+            sys.setprofile(None); time.sleep(delay)
+    if rank_distrib(): sys.setprofile(late)
+    try: return broadcast_object(f"from rank {rank_distrib()}")
+    finally: sys.setprofile(None)
+
+def exchange_too_large():
+    "Rank 1 publishes 9 MB, the others a few bytes; returns what each rank raised"
+    try: exchange(b'x'*(9_000_000 if rank_distrib() == 1 else 10), 'large')
+    except ValueError as e: return str(e)
+
 def timed(f, *args):
     t = time.monotonic()
     try: return f(*args)

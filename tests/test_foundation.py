@@ -25,6 +25,14 @@ def test_barrier_names_the_missing_rank(launch):
         assert 'rank(s) [1] did not arrive within 3s' in o.error
     assert time.monotonic() - t < 3 + 8 + 20  # the waits lasted the timeout, not the backend's 30 minutes
 
+def test_last_meeting_outlives_the_store_host(launch):
+    "Rank 0 leaves the process at once after a meeting that the others read 1 s late: they still read it"
+    assert values(launch(s.slow_reader_at_the_end, 1.0, nproc=3)) == ['from rank 0']*3
+
+def test_too_large_an_exchange_fails_on_every_rank(launch):
+    res = values(launch(s.exchange_too_large, nproc=3))
+    assert all(m and "large: the object of rank(s) [1] pickles to 8.6 MiB" in m for m in res), res
+
 def test_barrier_timeout_is_prompt():
     "On the ranks that arrived, the error comes within the timeout plus a few seconds"
     res = torchrun_ranks(s.timed, s.barrier_missing, 1, 3, nproc=2, timeout=60)
