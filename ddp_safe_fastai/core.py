@@ -120,6 +120,12 @@ def _wait_all(store, keys, what, timeout):
         raise DistributedTimeoutError(f"{what}: rank(s) {missing} did not arrive within {timeout:g}s ({seen}; "
                                       f"raised on rank {rank_distrib()})") from e
 
+def _outwait(store, keys, timeout):
+    "On rank 0, wait until the ranks that came to a meeting it gave up on have given up too, for up to `timeout` s"
+    # they came later, so they give up later: rank 0 leaving first could take the store from them mid-message
+    came = [f"{k}/gave_up" for k in keys[1:] if store.check([k]) or store.check([f"{k}/gave_up"])]
+    with suppress(Exception): store.wait(came, timedelta(seconds=timeout))
+
 def _leave(store, meeting, n, timeout):
     "Say this rank has read `meeting`; rank 0 leaves only when every rank has"
     # without torchrun, `init_process_group` puts the store in rank 0's process: were rank 0 to leave the last meeting
@@ -156,6 +162,7 @@ def exchange(obj, what, timeout=None):
     try: _wait_all(store, keys, what, timeout)
     except DistributedTimeoutError:
         store.set(f"{keys[r]}/gave_up", '1'); store.delete_key(keys[r]); _meetings[what] = i-1
+        if r == 0: _outwait(store, keys, timeout)
         raise
     hosts,res = zip(*map(pickle.loads, store.multi_get(keys)))
     if _group_key() not in _topologies: _topologies[_group_key()] = Topology(hosts)

@@ -13,11 +13,12 @@ def ranks():
     return dict(rank=fastai.learner.rank_distrib(), world=fastai.torch_core.num_distrib(), local=local_rank_distrib(),
                 main=is_main_process(), env_rank=os.environ.get('RANK'))
 
-def barrier_missing(absent, timeout):
-    "Every rank but `absent` enters a barrier; returns how long the wait lasted"
+def barrier_missing(absent, timeout, late=0.):
+    "Every rank but `absent` enters a barrier, the last rank `late` s after the others; returns how long the wait lasted"
     if rank_distrib() == absent:
-        time.sleep(timeout + 8)
+        time.sleep(timeout + late + 8)
         return 'absent'
+    if rank_distrib() == num_distrib()-1: time.sleep(late)
     t = time.monotonic()
     try: distrib_barrier(timeout=timeout)
     finally: print(f"waited {time.monotonic()-t:.1f}s")

@@ -25,6 +25,11 @@ def test_barrier_names_the_missing_rank(launch):
         assert 'rank(s) [1] did not arrive within 3s' in o.error
     assert time.monotonic() - t < 3 + 8 + 20  # the waits lasted the timeout, not the backend's 30 minutes
 
+def test_barrier_failure_reaches_a_late_rank(launch):
+    "Rank 2 comes 2 s after rank 0, rank 1 never: rank 0 gives up first, and rank 2 still names rank 1"
+    res = launch(s.barrier_missing, 1, 3, 2., nproc=3, timeout=60)
+    for o in (res[0], res[2]): assert 'rank(s) [1] did not arrive within 3s' in str(o.error), o
+
 def test_last_meeting_outlives_the_store_host(launch):
     "Rank 0 leaves the process at once after a meeting that the others read 1 s late: they still read it"
     assert values(launch(s.slow_reader_at_the_end, 1.0, nproc=3)) == ['from rank 0']*3
