@@ -273,16 +273,10 @@ def _replace_seen_whole(d, n=200):
             reads += 1; bad += len(b) != len(_version(0)) or b != b[:8] * (len(b) // 8)
     return tuple(map(sum, zip(*exchange((reads, bad), 'replace check counts'))))
 
-def _fsync_dir(d):
-    "fsync the directory `d`, raising if it cannot (saves let that pass, as some file systems cannot: here it is told)"
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    try: os.fsync(fd)
-    finally: os.close(fd)
-
 def _fsync_ms(d):
     "Milliseconds an fsync of a 1 MB file and of its directory take; or what went wrong"
     f = d/'fsync.bin'; f.write_bytes(os.urandom(2**20))
-    try: return _ms(lambda: _fsync(f)), _ms(lambda: _fsync_dir(d))
+    try: return _ms(lambda: _fsync(f)), _ms(lambda: _fsync(d, directory=True, strict=True))  # a save lets it pass
     except OSError as e: return describe(e)
 
 def _ms(f):

@@ -126,12 +126,12 @@ def _outwait(store, keys, timeout):
     came = [f"{k}/gave_up" for k in keys[1:] if store.check([k]) or store.check([f"{k}/gave_up"])]
     with suppress(Exception): store.wait(came, timedelta(seconds=timeout))
 
-def _leave(store, meeting, n, timeout):
-    "Say this rank has read `meeting`; rank 0 leaves only when every rank has"
+def _leave(store, meeting, r, n, timeout):
+    "Say rank `r` has read `meeting`; rank 0 leaves only when every rank has"
     # without torchrun, `init_process_group` puts the store in rank 0's process: were rank 0 to leave the last meeting
     # and exit, a rank still reading it would fail with "Connection reset by peer"
     if store.add(f"{meeting}/read", 1) == n: store.set(f"{meeting}/all_read", '')
-    if rank_distrib() != 0: return
+    if r != 0: return
     with suppress(Exception): store.wait([f"{meeting}/all_read"], timedelta(seconds=timeout))  # else a rank died
     for k in ('read', 'all_read'): store.delete_key(f"{meeting}/{k}")
 
@@ -168,7 +168,7 @@ def exchange(obj, what, timeout=None):
     if _group_key() not in _topologies: _topologies[_group_key()] = Topology(hosts)
     # everyone is at meeting i, so everyone has read meeting i-1: this rank's key there can go
     if i > 1: store.delete_key(f"ddp_safe/{what}/{i-1}/{r}")
-    _leave(store, f"ddp_safe/{what}/{i}", n, timeout)
+    _leave(store, f"ddp_safe/{what}/{i}", r, n, timeout)
     _check_sizes(res, what)
     return list(res)
 
@@ -231,12 +231,12 @@ def prepare_dir(path, # the directory
     return path
 
 # %% ../nbs/00_core.ipynb #a43091df
-def _fsync(path, directory=False):
-    "Flush `path` (a file, or a `directory` entry) to the disk"
+def _fsync(path, directory=False, strict=False):
+    "Flush `path` (a file, or a `directory` entry) to the disk; a directory's failure raises only if `strict`"
     fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
     try: os.fsync(fd)
     except OSError:
-        if not directory: raise  # the bytes may not be on the disk: a durable write must not report success
+        if strict or not directory: raise  # the bytes may not be on the disk: a durable write must not report success
         # some file systems cannot fsync a directory: the rename is then as durable as they make it
     finally: os.close(fd)
 
