@@ -30,12 +30,13 @@ class SafeSaveModelCallback(SaveModelCallback):
         async_save=False, # training waits only for a copy in host memory; the write happens in the background
     ):
         super().__init__(monitor, comp, min_delta, fname, every_epoch, at_end, with_opt, reset_on_fit)
+        check_scope(scope)
         store_attr('scope,async_save')
 
     def before_fit(self):
         "Prepare the monitored value; nothing is saved in this fit yet"
         super().before_fit()
-        self.saved_in_fit = None
+        self.saved_in_fit,self.epochs_seen = None,0
 
     def _save(self, name):
         self.last_saved_path = self.saved_in_fit = self.learn.save(name, with_opt=self.with_opt, scope=self.scope,
@@ -43,6 +44,7 @@ class SafeSaveModelCallback(SaveModelCallback):
 
     def after_epoch(self):
         "Decide on rank 0 whether the model is the best so far, and save it if so (or every `every_epoch` epochs)"
+        self.epochs_seen += 1
         if self.every_epoch: return super().after_epoch()
         TrackerCallback.after_epoch(self)
         self.best,self.new_best = broadcast_object((self.best, self.new_best), what='SafeSaveModelCallback')
@@ -56,6 +58,7 @@ class SafeSaveModelCallback(SaveModelCallback):
         flush_saves()
         if self.at_end or self.every_epoch: return
         if self.saved_in_fit is None:
+            if not self.epochs_seen: return # no epoch ran in this fit (a resumed run had done it): nothing to reload
             return warnings.warn(f"SafeSaveModelCallback: {self.monitor} never improved in this fit, so nothing was "
                                  f"saved; keeping the current weights rather than loading an older '{self.fname}'")
         self.learn.load(self.fname, with_opt=self.with_opt, scope=self.scope)

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import os, sys, json, time, random, shutil, signal, secrets, argparse, resource, statistics, tempfile, warnings
 from functools import partial
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext, redirect_stdout
 from pathlib import Path
 import torch, torch.distributed as dist
 from fastcore.basics import *
@@ -351,7 +351,8 @@ def dir_is_fit(rep): return isinstance(rep['fsync'], tuple) and not (rep['replac
 
 # %% ../nbs/60_check.ipynb #c8ad69f4
 def _races_main(a):
-    res = check_races(a.nproc, a.trials, a.race)
+    with redirect_stdout(sys.stderr): # the bar, on a terminal only; stdout is the table (`ddp-safe-check races > t.md`)
+        res = check_races(a.nproc, a.trials, a.race, progress=sys.stderr.isatty())
     print(f"\n{a.trials} trials of each race on {a.nproc} local CPU ranks (gloo), plain idioms and through "
           f"ddp_safe_fastai:\n\n{races_table(res)}")
     return int(library_failed(res))

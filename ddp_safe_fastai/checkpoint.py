@@ -12,13 +12,18 @@ from fastcore.basics import *
 from fastcore.foundation import L
 from fastai.callback.core import Callback
 from fastai.learner import Learner, CancelEpochException
+from fastai.callback.tracker import TrackerCallback, EarlyStoppingCallback
+from fastai.callback.training import GradientAccumulation
+from fastai.callback.fp16 import MixedPrecision
 from .core import *
 from .persist import *
 from .learner import _model_state, _apply_model_state
 from .callback import SafeSaveModelCallback
+from .distributed import fastai_original
 
 # %% auto #0
-__all__ = ['get_rng_state', 'set_rng_state', 'write_manifest', 'is_complete', 'latest_complete', 'CheckpointCallback']
+__all__ = ['get_rng_state', 'set_rng_state', 'write_manifest', 'is_complete', 'latest_complete', 'checkpoint_fit',
+           'callback_state', 'load_callback_state', 'CheckpointCallback']
 
 # %% ../nbs/40_checkpoint.ipynb #9c35c848
 def get_rng_state():
@@ -61,11 +66,18 @@ def latest_complete(root):
     cands = dict.fromkeys(([root/named] if named else []) + sorted(root.glob('epoch_*'), reverse=True)) # each checked once
     return next((c for c in cands if is_complete(c)), None)
 
+# %% ../nbs/40_checkpoint.ipynb #03dcca77
+def checkpoint_fit(ckpt):
+    "The fit of its script that the complete checkpoint `ckpt` belongs to (0 for the first)"
+    return json.loads((Path(ckpt)/'manifest.json').read_text()).get('fit', 0)
+
 # %% ../nbs/40_checkpoint.ipynb #2cb90077
+_fastai_do_fit = fastai_original(Learner, '_do_fit')
+
 @patch
 def _do_fit(self:Learner):
-    "The epoch loop, starting at `self.resume_epoch` when a checkpoint was restored"
-    for epoch in range(getattr(self, 'resume_epoch', 0), self.n_epoch):
+    "fastai's epoch loop, starting at the epoch a `CheckpointCallback` restored in `before_fit` (else at 0)"
+    for epoch in range(self.__dict__.pop('resume_epoch', 0), self.n_epoch):
         self.epoch = epoch
         self._with_events(self._do_epoch, 'epoch', CancelEpochException)
 
@@ -74,12 +86,42 @@ def _inner_dls(learn):
     "The DataLoaders being trained on, unwrapped from `DistributedDL`"
     return [getattr(dl, 'dl', dl) for dl in learn.dls.loaders]
 
-def _trackers(learn):
-    return [cb for cb in learn.cbs if isinstance(cb, SafeSaveModelCallback)]
+_tracker_attrs = ('best', 'wait', 'new_best', 'saved_in_fit')
+
+def callback_state(cb):
+    "What `cb` has learnt so far in the fit, to carry across a resume (None: nothing): its own `state_dict()`, or fastai's"
+    if getattr(type(cb), 'state_dict', None): return cb.state_dict()
+    if isinstance(cb, TrackerCallback):
+        return {k: (str(v) if isinstance(v, Path) else v) for k in _tracker_attrs if (v := getattr(cb, k, None)) is not None}
+    if isinstance(cb, GradientAccumulation): # the items counted towards the next step, and their gradients
+        return dict(count=cb.count, grads=[p.grad if cb.count else None for p in cb.learn.model.parameters()])
+    scaler = getattr(cb.learn, 'scaler', None) if isinstance(cb, MixedPrecision) else None
+    if scaler is not None and scaler.is_enabled(): return dict(scaler=scaler.state_dict())
+    return None
+
+def load_callback_state(cb, state):
+    "Give `cb` back the `state` that `callback_state` took"
+    if getattr(type(cb), 'load_state_dict', None): return cb.load_state_dict(state)
+    for k,v in state.items():
+        if k == 'scaler': cb.learn.scaler.load_state_dict(v)
+        elif k == 'grads':
+            for p,g in zip(cb.learn.model.parameters(), v): p.grad = None if g is None else g.to(p.device)
+        else: setattr(cb, k, Path(v) if k == 'saved_in_fit' else v)
+
+def _callback_states(learn):
+    "`(class name, state)` of every callback of `learn` that has a state to carry, in the order they run"
+    return [(type(cb).__name__, st) for cb in learn.cbs.sorted('order') if (st := callback_state(cb)) is not None]
+
+def _stopped_early(learn):
+    "Did an `EarlyStoppingCallback` of `learn` run out of patience?"
+    return any(isinstance(cb, EarlyStoppingCallback) and cb.wait >= cb.patience for cb in learn.cbs)
+
+def _say(msg):
+    if rank_distrib() == 0: print(f"CheckpointCallback: {msg}", flush=True)
 
 class CheckpointCallback(Callback):
     "Save the whole training state every `every_epoch` epochs; resume from the latest complete checkpoint"
-    order = SafeSaveModelCallback.order+1
+    order = TrackerCallback.order+4 # after every fastai tracker (ReduceLROnPlateau, EarlyStopping) has seen the epoch
     def __init__(self, 
                  fname='ckpt', # directory in `learn.path/learn.model_dir`
                  every_epoch=1, # save after every `every_epoch` epochs
@@ -88,21 +130,31 @@ class CheckpointCallback(Callback):
                  scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
                  durable=True, # fsync every file and directory
                  async_save=False): # training waits only for a copy in host memory; the write happens in the background
+        check_scope(scope)
         store_attr()
-        self.resumed_from = None
+        self.resumed_from,self.fit_no,self.epochs_before = None,-1,0
 
     @property
     def root(self): return Path(self.learn.path)/self.learn.model_dir/self.fname
 
     def before_fit(self):
-        "Restore the latest complete checkpoint, if any and if `resume`"
-        self.learn.resume_epoch = 0
-        if not self.resume or hasattr(self.learn, 'lr_finder'): return
+        "Resume this fit from the latest complete checkpoint, or skip it if a later fit's checkpoint exists"
+        if hasattr(self.learn, 'lr_finder'): return
+        if self.fit_no >= 0: self.epochs_before += self.n_epochs_last
+        self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
+        if not self.resume: return
         found = latest_complete(self.root) if is_main_process(self.scope) else None
-        name = broadcast_object(found.name if found else None, what='CheckpointCallback resume')
-        if name is None: return
+        name,fit = broadcast_object((found.name, checkpoint_fit(found)) if found else (None, -1), what='CheckpointCallback resume')
+        if fit < self.fit_no: return # none, or one of an earlier fit: this fit starts afresh
+        if fit > self.fit_no:
+            _say(f"fit {self.fit_no} was done in an earlier run ({name} is of fit {fit}): skipping it")
+            self.learn.resume_epoch = self.n_epoch
+            return
         self._restore(self.root/name)
         self.resumed_from = name
+        at = self.learn.resume_epoch
+        _say(f"fit {self.fit_no} resumed from {name}: " + (f"epoch {at} of {self.n_epoch}" if at < self.n_epoch else
+             "it had finished or stopped early; nothing left to train"))
         mbar = getattr(getattr(self.learn, 'progress', None), 'mbar', None)
         if mbar is not None: mbar.update(0) # start the epoch bar's clock: it will be moved to the resumed epoch
 
@@ -113,25 +165,38 @@ class CheckpointCallback(Callback):
         rec = self.learn.recorder
         rec.values,rec.lrs,rec.iters = [L(v) for v in state['values']],state['lrs'],state['iters']
         rec.losses = [torch.tensor(l) for l in state['losses']]
-        for cb,(best,saved) in zip(_trackers(self.learn), state['trackers']): cb.best,cb.saved_in_fit = best,saved and Path(saved)
+        rec.smooth_loss.count,rec.smooth_loss.val = state['smooth_count'],torch.tensor(state['smooth_loss'])
+        mine = [cb for cb in self.learn.cbs.sorted('order') if callback_state(cb) is not None]
+        if [type(cb).__name__ for cb in mine] != [n for n,_ in state['callbacks']]:
+            raise CheckpointError(f"resume {ckpt}: it was saved with the callbacks {[n for n,_ in state['callbacks']]}; "
+                                  f"this fit has {[type(cb).__name__ for cb in mine]}: run it with the same callbacks")
+        for cb,(_,st) in zip(mine, state['callbacks']): load_callback_state(cb, st)
         for dl,st in zip(_inner_dls(self.learn), state['dl_rng']): dl.rng.setstate(st)
-        self.learn.train_iter,self.learn.resume_epoch = state['train_iter'],state['epoch']
+        self.learn.train_iter = state['train_iter']
+        self.learn.resume_epoch = self.n_epoch if state.get('stopped') else state['epoch'] # stopped early: done
         set_rng_state(rngs[rank_distrib()])
 
     def after_epoch(self):
         "Save a checkpoint after every `every_epoch` epochs"
         if (self.epoch+1) % self.every_epoch == 0: self._save()
 
-    def _state(self):
+    def after_cancel_fit(self):
+        "`EarlyStoppingCallback` ended the fit after this epoch: checkpoint the epoch as the fit's end"
+        # the Recorder (order 50) logged the epoch; the tracker (order 63) stopped the fit before this callback saw it.
+        # Any other cancellation (a time budget, a signal) leaves the fit to be resumed
+        if len(self.learn.recorder.values) == self.epoch+1 and _stopped_early(self.learn): self._save(stopped=True)
+
+    def _state(self, stopped):
         rec = self.learn.recorder
-        return dict(model=_model_state(self.learn.model, self.learn.opt, True), epoch=self.epoch+1,
+        return dict(model=_model_state(self.learn.model, self.learn.opt, True), epoch=self.epoch+1, fit=self.fit_no, stopped=stopped,
                     train_iter=self.learn.train_iter, values=[list(v) for v in rec.values], losses=[float(l) for l in rec.losses],
-                    lrs=list(rec.lrs), iters=list(rec.iters),
-                    trackers=[(cb.best, cb.saved_in_fit and str(cb.saved_in_fit)) for cb in _trackers(self.learn)],
+                    lrs=list(rec.lrs), iters=list(rec.iters), smooth_count=rec.smooth_loss.count,
+                    smooth_loss=float(rec.smooth_loss.val), # the train_loss fastai shows
+                    callbacks=_callback_states(self.learn),
                     dl_rng=[dl.rng.getstate() for dl in _inner_dls(self.learn)])
 
-    def _save(self):
-        state,rngs = self._state(),exchange(get_rng_state(), 'CheckpointCallback rng')
+    def _save(self, stopped=False):
+        state,rngs = self._state(stopped),exchange(get_rng_state(), 'CheckpointCallback rng')
         if self.async_save: state = stage_for_save(state, self.scope)
         if is_main_process(self.scope): self.root.mkdir(parents=True, exist_ok=True) # where `latest` is written
         save_on_main(self.root/'latest', partial(self._commit, state, rngs), self.scope, self.durable,
@@ -139,13 +204,14 @@ class CheckpointCallback(Callback):
 
     def _commit(self, state, rngs, latest_tmp):
         "On the main process: the checkpoint's files, then its manifest, then the `latest` pointer; then rotation"
-        name = f"epoch_{state['epoch']:04d}"
+        name = f"epoch_{self.epochs_before + state['epoch']:04d}"
         ckpt = self.root/name
         if ckpt.exists(): shutil.rmtree(ckpt) # an incomplete one from a killed run
         ckpt.mkdir(parents=True)
         atomic_save(state, ckpt/'state.pth', self.durable)
         atomic_save(rngs, ckpt/'rng.pth', self.durable)
-        write_manifest(ckpt, ['state.pth', 'rng.pth'], epoch=state['epoch'], world_size=max(num_distrib(), 1))
+        write_manifest(ckpt, ['state.pth', 'rng.pth'], epoch=state['epoch'], fit=state['fit'],
+                       world_size=max(num_distrib(), 1))
         Path(latest_tmp).write_text(name)
         self._rotate(keep={name, self.resumed_from})
 
@@ -156,6 +222,5 @@ class CheckpointCallback(Callback):
             if c.name not in keep: shutil.rmtree(c, ignore_errors=True)
 
     def after_fit(self):
-        "Finish the background writes; the next fit starts at epoch 0"
-        self.learn.resume_epoch = 0
+        "Finish the background writes"
         flush_saves()

@@ -15,9 +15,9 @@ except ImportError: fcntl = None  # Windows: no file locks
 
 # %% auto #0
 __all__ = ['CheckpointError', 'DistributedTimeoutError', 'rank_distrib', 'num_distrib', 'Topology', 'topology',
-           'node_rank_distrib', 'local_rank_distrib', 'is_main_process', 'rank_device', 'distrib_timeout', 'exchange',
-           'distrib_barrier', 'broadcast_object', 'raise_failures', 'describe', 'local_io', 'main_process_first',
-           'prepare_dir', 'atomic_write', 'atomic_save']
+           'node_rank_distrib', 'local_rank_distrib', 'check_scope', 'is_main_process', 'rank_device',
+           'distrib_timeout', 'join_launched_group', 'exchange', 'distrib_barrier', 'broadcast_object',
+           'raise_failures', 'describe', 'local_io', 'main_process_first', 'prepare_dir', 'atomic_write', 'atomic_save']
 
 # %% ../nbs/00_core.ipynb #2b32a525
 class CheckpointError(RuntimeError):
@@ -83,10 +83,14 @@ def local_rank_distrib():
 # %% ../nbs/00_core.ipynb #b2ff18e4
 _scopes = ('global', 'node')
 
+def check_scope(scope):
+    "`scope`, if it is one this library knows; else a `ValueError` that names it"
+    if scope not in _scopes: raise ValueError(f"scope={scope!r}: it must be 'global' (rank 0 writes) or 'node' (local rank 0 of each node)")
+    return scope
+
 def is_main_process(scope='global'):
     "Is this process the one that writes, for `scope` ('global': rank 0; 'node': local rank 0 of each node)?"
-    assert scope in _scopes, f"scope must be one of {_scopes}, not {scope!r}"
-    return (local_rank_distrib() if scope == 'node' else rank_distrib()) == 0
+    return (local_rank_distrib() if check_scope(scope) == 'node' else rank_distrib()) == 0
 
 # %% ../nbs/00_core.ipynb #160ad54b
 def rank_device():
@@ -95,13 +99,33 @@ def rank_device():
     return torch.device('cpu')
 
 # %% ../nbs/00_core.ipynb #c7671670
+_max_timeout = 10**8  # seconds, about three years: `timedelta` and the store take no more
+
 def distrib_timeout(timeout=None):
     "`timeout` in seconds, defaulting to `DDP_SAFE_TIMEOUT` (seconds) or 1800, the backend's own default"
-    return float(timeout if timeout is not None else os.environ.get('DDP_SAFE_TIMEOUT', 1800))
+    given = f"timeout={timeout!r}" if timeout is not None else f"DDP_SAFE_TIMEOUT={os.environ.get('DDP_SAFE_TIMEOUT')!r}"
+    try: t = float(timeout if timeout is not None else os.environ.get('DDP_SAFE_TIMEOUT', 1800))
+    except (TypeError, ValueError): t = float('nan')
+    if not 0 < t <= _max_timeout:
+        raise ValueError(f"{given}: a timeout is a number of seconds, more than 0 and at most {_max_timeout:.0e}")
+    return t
 
 def _store(): return dist.distributed_c10d._get_default_store()
 
 _meetings = {}  # name -> how many meetings of that name this process has been to
+
+# %% ../nbs/00_core.ipynb #5d4e1d12
+def _launched_without_group():
+    "Did a launcher start this process among several, and is there no process group yet?"
+    return (not _local_mode and dist.is_available() and not dist.is_initialized() and num_distrib() > 1
+            and {'MASTER_ADDR', 'MASTER_PORT'} <= set(os.environ))
+
+def join_launched_group(timeout=None): # seconds to wait for the other ranks to join
+    "Is there a process group to meet through? Under a launcher, join its group first, as fastai's `distrib_ctx` would"
+    if _launched_without_group():
+        from accelerate import PartialState
+        PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(seconds=distrib_timeout(timeout)))
+    return _pg_ready()
 
 # %% ../nbs/00_core.ipynb #932c8df9
 def _last_seen(store, rank):
@@ -153,7 +177,7 @@ def _check_sizes(res, what):
 
 def exchange(obj, what, timeout=None):
     "Publish `obj` at the meeting named `what` and return the `obj` of every rank, in rank order"
-    if not _pg_ready(): return [obj]
+    if not join_launched_group(timeout): return [obj]
     store,n,r,timeout = _store(),num_distrib(),rank_distrib(),distrib_timeout(timeout)
     i = _meetings[what] = _meetings.get(what, 0) + 1
     keys = [f"ddp_safe/{what}/{i}/{j}" for j in range(n)]

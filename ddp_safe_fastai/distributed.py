@@ -4,8 +4,9 @@
 
 # %% ../nbs/02_distributed.ipynb #f75ca3ec
 from __future__ import annotations
-import os, sys
+import os, sys, warnings
 import torch, torch.distributed as dist
+from torch import nn
 from fastcore.basics import *
 from fastcore.meta import delegates
 import fastai.torch_core
@@ -16,7 +17,7 @@ from .core import _pg_ready
 from . import core
 
 # %% auto #0
-__all__ = ['fastai_original', 'rebind_fastai', 'share_launch_env']
+__all__ = ['fastai_original', 'rebind_fastai', 'share_launch_env', 'broadcast_buffers']
 
 # %% ../nbs/02_distributed.ipynb #09ca8b99
 def fastai_original(o, name):
@@ -54,8 +55,10 @@ _trainer_init = fastai_original(DistributedTrainer, '__init__')
 def __init__(self:DistributedTrainer, sync_bn=True, **kwargs):
     "Wrap `model` in `DistributedDataParallel` and `dls` in `DistributedDL`, on CPU (gloo) as on CUDA (nccl)"
     share_launch_env()
-    kwargs.setdefault('cpu', not _uses_cuda())
-    _trainer_init(self, sync_bn, **kwargs)
+    cuda = _uses_cuda()
+    kwargs.setdefault('cpu', not cuda)
+    _trainer_init(self, sync_bn and cuda, **kwargs)
+    self.bn_per_rank = sync_bn and not cuda  # `SyncBatchNorm` runs on CUDA only
 
 @patch
 def _broadcast(self:DistributedDL, t, rank):
@@ -63,3 +66,42 @@ def _broadcast(self:DistributedDL, t, rank):
     t = LongTensor(t).to(rank_device())
     dist.broadcast(t, rank)
     return t.cpu().tolist()
+
+# %% ../nbs/02_distributed.ipynb #429d1597
+_said_bn_per_rank = False
+
+def _has_batchnorm(model): return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+
+def _say_bn_per_rank():
+    "Tell the user once, on rank 0, that BatchNorm stays per rank"
+    global _said_bn_per_rank
+    if _said_bn_per_rank or rank_distrib() != 0: return
+    _said_bn_per_rank = True
+    warnings.warn("ddp_safe_fastai: SyncBatchNorm needs CUDA; on CPU, BatchNorm layers normalise each rank's batch "
+                  "and share rank 0's running statistics (pass sync_bn=False to distrib_ctx to silence this)")
+
+def broadcast_buffers(model, src=0):
+    "Make every rank's buffers (BatchNorm's running statistics) those of rank `src`"
+    for b in model.buffers(): dist.broadcast(b.data, src)
+
+_trainer_before_fit = fastai_original(DistributedTrainer, 'before_fit')
+_trainer_before_validate = fastai_original(DistributedTrainer, 'before_validate')
+
+@patch
+def before_fit(self:DistributedTrainer):
+    "fastai's `before_fit`; says once when BatchNorm stays per rank"
+    if getattr(self, 'bn_per_rank', False) and _has_batchnorm(self.model): _say_bn_per_rank()
+    _trainer_before_fit(self)
+
+@patch
+def before_validate(self:DistributedTrainer):
+    "fastai's `before_validate`; with per-rank BatchNorm, every rank validates rank 0's running statistics"
+    _trainer_before_validate(self)
+    if getattr(self, 'bn_per_rank', False): broadcast_buffers(self.learn.model)
+
+# %% ../nbs/02_distributed.ipynb #2b4ad980
+@patch
+def after_iter(self:DistributedDL):
+    "End the pass as the wrapped loader's own `__iter__` would: its iterator over the dataset goes"
+    self.dl.after_iter()
+    if hasattr(self.dl, 'it'): del self.dl.it

@@ -106,7 +106,7 @@ def save_on_main(file, # the file to write
                  timeout=None, # seconds to wait for the writer (default: `DDP_SAFE_TIMEOUT`)
                  async_save=False): # write in the background: return once `write` may be called later
     "Write `file` through `write` on the main process alone, atomically; every rank that calls it raises if that failed"
-    file = Path(file).absolute()
+    file,scope = Path(file).absolute(),check_scope(scope)
     flush_saves(timeout)
     gen = _saves[file.name,scope] = _saves.get((file.name,scope), 0) + 1
     key = _save_key(file, scope, gen) if _pg_ready() else None
@@ -214,7 +214,7 @@ def read_on_all(file, # the file to read
                 timeout=None, # seconds to wait for the other ranks (default: `DDP_SAFE_TIMEOUT`)
                 scope='global'): # 'node': read this node's own copy, also from a directory that is not shared
     "`read(file)` on every rank, once the main process has arrived; if any rank cannot, every rank raises"
-    file = Path(file).absolute()
+    file,scope = Path(file).absolute(),check_scope(scope)
     if not _pg_ready():
         flush_saves(timeout)
         res,failure = _read(file, read)

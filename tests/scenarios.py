@@ -67,7 +67,7 @@ def prepare_dirs(root, trials):
     return errors
 
 def raw_prepare_dirs(root, trials):
-    "The unguarded pattern of seed 002: every rank does rmtree + mkdir"
+    "The unguarded pattern of openpi issue #868: every rank does rmtree + mkdir"
     import shutil
     errors = 0
     for i in range(trials):

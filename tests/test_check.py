@@ -24,6 +24,8 @@ def test_races_library_never_fails():
 def test_one_race_only():
     rc, out, err = run(BIN/'ddp-safe-check', 'races', '--nproc', 2, '--trials', 2, '--race', 'rmtree-mkdir')
     assert rc == 0 and re.search(r"^\| rmtree-mkdir \| 2 \| \d \| 0 \|$", out, re.M) and 'lagging-writer' not in out, out + err
+    # `ddp-safe-check races > table.md`: the file holds the table and its legend, no progress bar
+    assert [l for l in out.strip().splitlines() if l and not l.startswith(('|', '- ', '  First', '2 trials'))] == [], out
 
 def test_dir_on_a_local_disk(tmp_path):
     rc, out, err = run(BIN/'ddp-safe-check', 'dir', tmp_path, '--nproc', 3)

@@ -51,11 +51,11 @@ def test_main_process_first_failure_reaches_every_rank(launch):
         assert o.error_type == 'CheckpointError' and 'download failed' in o.error and 'rank(s) [0]' in o.error, o
 
 def test_prepare_dir_overwrite_race(launch, tmp_path):
-    "Seed 002: 4 ranks, 30 trials of rmtree+mkdir over a populated directory"
+    "openpi issue #868: 4 ranks, 30 trials of rmtree+mkdir over a populated directory"
     assert values(launch(s.prepare_dirs, str(tmp_path), 30, nproc=4, timeout=240)) == [0, 0, 0, 0]
 
 def test_unguarded_rmtree_race_fails(tmp_path):
-    "The pattern of seed 002 without the library does fail here, so the test above can tell the difference"
+    "The pattern of openpi issue #868 without the library does fail here, so the test above can tell the difference"
     errors = values(torchrun_ranks(s.raw_prepare_dirs, str(tmp_path), 30, nproc=4, timeout=240))
     print(f"unguarded rmtree/mkdir: {sum(errors)} errors in {30*4} rank-trials")
     assert sum(errors) > 0

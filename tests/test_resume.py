@@ -1,5 +1,5 @@
 "Issue 4: a DDP run killed with SIGKILL on every rank resumes, with the same command, to bitwise the same weights"
-import time, random
+import sys, time, random
 from pathlib import Path
 import pytest
 import scenarios as s
@@ -47,3 +47,10 @@ def test_killed_during_checkpoint_write_resumes_bitwise(uninterrupted, tmp_path)
     res = values(_run(tmp_path))
     assert res[0]['resumed_from'] == 'epoch_0002'   # the third checkpoint was incomplete: never used
     assert res[0]['sha'] == res[1]['sha'] == uninterrupted
+
+@pytest.mark.parametrize('cbset', ['trackers', 'two_fits'])
+def test_resume_matrix(cbset):
+    "Issue 11: one random SIGKILL of a set of `benchmarks/resume_matrix.py` (dropout, random augmentation), resumed: identical"
+    sys.path.insert(0, str(Path(__file__).parent.parent/'benchmarks'))
+    import resume_matrix
+    assert resume_matrix.main(['--trials', '1', '--set', cbset, '--seed', '1']) == 0

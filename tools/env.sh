@@ -8,8 +8,7 @@ if [ ! -f "$stamp" ]; then
   rm -rf "$venv"
   python3 -m venv "$venv"
   "$venv/bin/pip" install -q -U pip
-  "$venv/bin/pip" install -q torch==2.13.0          # first: a CPU wheel here; an unpinned torch pulls a CUDA build
-  "$venv/bin/pip" install -q -r "$req"
+  "$venv/bin/pip" install -q -r "$req"              # each file pins torch: an unpinned one pulls the newest build
   "$venv/bin/pip" install -q --no-deps --no-build-isolation -e .
   touch "$stamp"
 fi
