@@ -103,7 +103,7 @@ def main(argv=None):
     p.add_argument('--seed', type=int, default=0)
     a = p.parse_args(argv)
     rng, failed = random.Random(a.seed), 0
-    print("| callback set | epochs run (uninterrupted) | trials | killed mid-run | kill times (s after the first checkpoint) | identical to the uninterrupted run |")
+    print("| callback set | epochs of the last fit, uninterrupted | trials | killed mid-run | kill times (s after the first checkpoint) | identical to the uninterrupted run |")
     print("|---|---:|---:|---:|---|---:|")
     for name in a.set or SETS:
         full,seconds = uninterrupted(name)
