@@ -121,7 +121,7 @@ def _say(msg):
 
 class CheckpointCallback(Callback):
     "Save the whole training state every `every_epoch` epochs; resume from the latest complete checkpoint"
-    order = TrackerCallback.order+4 # after every fastai tracker (ReduceLROnPlateau, EarlyStopping) has seen the epoch
+    order = 1000 # the last: the state is taken once every other callback has seen the epoch (trackers, yours)
     def __init__(self, 
                  fname='ckpt', # directory in `learn.path/learn.model_dir`
                  every_epoch=1, # save after every `every_epoch` epochs
