@@ -17,7 +17,7 @@ from .core import _pg_ready
 from . import core
 
 # %% auto #0
-__all__ = ['fastai_original', 'rebind_fastai', 'share_launch_env', 'broadcast_buffers']
+__all__ = ['fastai_original', 'rebind_fastai', 'share_launch_env']
 
 # %% ../nbs/02_distributed.ipynb #09ca8b99
 def fastai_original(o, name):
@@ -80,24 +80,13 @@ def _say_bn_per_rank():
     warnings.warn("ddp_safe_fastai: SyncBatchNorm needs CUDA; on CPU, BatchNorm layers normalise each rank's batch "
                   "and share rank 0's running statistics (pass sync_bn=False to distrib_ctx to silence this)")
 
-def broadcast_buffers(model, src=0):
-    "Make every rank's buffers (BatchNorm's running statistics) those of rank `src`"
-    for b in model.buffers(): dist.broadcast(b.data, src)
-
 _trainer_before_fit = fastai_original(DistributedTrainer, 'before_fit')
-_trainer_before_validate = fastai_original(DistributedTrainer, 'before_validate')
 
 @patch
 def before_fit(self:DistributedTrainer):
     "fastai's `before_fit`; says once when BatchNorm stays per rank"
     if getattr(self, 'bn_per_rank', False) and _has_batchnorm(self.model): _say_bn_per_rank()
     _trainer_before_fit(self)
-
-@patch
-def before_validate(self:DistributedTrainer):
-    "fastai's `before_validate`; with per-rank BatchNorm, every rank validates rank 0's running statistics"
-    _trainer_before_validate(self)
-    if getattr(self, 'bn_per_rank', False): broadcast_buffers(self.learn.model)
 
 # %% ../nbs/02_distributed.ipynb #2b4ad980
 @patch

@@ -275,6 +275,14 @@ def ddp_fit_best(root, delay=0.7, epochs=3):
     return dict(weights=learn.model.weight.flatten().tolist(), saved=saved['weight'].flatten().tolist(),
                 best=float(learn.recorder.values[int(torch.tensor([v[1] for v in learn.recorder.values]).argmin())][1]))
 
+def batchnorm_fit(root):
+    "A BatchNorm model trained in `distrib_ctx()` as fastai documents it, on CPU: each rank's running statistics after"
+    learn = synth_learner(path=Path(root), seed=1)
+    learn.model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    with learn.distrib_ctx(): learn.fit(2, 0.1)  # sync_bn=True, fastai's default: SyncBatchNorm needs CUDA
+    return dict(types=sorted({type(m).__name__ for m in learn.model.modules()}),
+                stats=[b.tolist() for b in learn.model.buffers()])
+
 # ---- resume (issue 4) ----
 def resume_fit(root, epochs=4, hidden=1500):
     "`epochs` epochs of one-cycle training in `distrib_ctx` with `CheckpointCallback`: resumes if a checkpoint exists"

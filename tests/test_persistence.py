@@ -2,6 +2,7 @@
 import time
 import scenarios as s
 from conftest import values
+from ddp_safe_fastai.testing import torchrun_ranks
 
 def test_only_main_writes(launch, tmp_path):
     res = values(launch(s.only_main_writes, str(tmp_path)))
@@ -68,3 +69,9 @@ def test_safe_save_model_callback_end_to_end(launch, tmp_path):
     "3 epochs in `distrib_ctx`, rank 0 0.7 s slower each epoch: identical weights everywhere, equal to the saved best"
     res = values(launch(s.ddp_fit_best, str(tmp_path), init=False, timeout=240))
     assert res[0]['weights'] == res[1]['weights'] == res[0]['saved'] == res[1]['saved']
+
+def test_batchnorm_on_cpu(tmp_path):
+    "Issue 10: BatchNorm stays per rank on CPU, and every rank validates, and ends with, rank 0's running statistics"
+    res = values(torchrun_ranks(s.batchnorm_fit, str(tmp_path), init=False, timeout=180))
+    assert 'BatchNorm1d' in res[0]['types'] and 'SyncBatchNorm' not in res[0]['types']
+    assert res[0]['stats'] == res[1]['stats']
