@@ -18,7 +18,6 @@ from fastai.callback.fp16 import MixedPrecision
 from .core import *
 from .persist import *
 from .learner import _model_state, _apply_model_state
-from .callback import SafeSaveModelCallback
 from .distributed import fastai_original
 
 # %% auto #0
