@@ -6,9 +6,10 @@
 from __future__ import annotations
 import warnings
 from fastcore.basics import *
-from fastai.callback.tracker import SaveModelCallback, TrackerCallback
+from .distributed import fastai_defaults_kept
+with fastai_defaults_kept(): from fastai.callback.tracker import SaveModelCallback, TrackerCallback
 from .core import *
-from .persist import flush_saves
+from .persist import flush_saves, check_not_replaced
 from .learner import *
 
 # %% auto #0
@@ -61,4 +62,5 @@ class SafeSaveModelCallback(SaveModelCallback):
             if not self.epochs_seen: return # no epoch ran in this fit (a resumed run had done it): nothing to reload
             return warnings.warn(f"SafeSaveModelCallback: {self.monitor} never improved in this fit, so nothing was "
                                  f"saved; keeping the current weights rather than loading an older '{self.fname}'")
+        check_not_replaced(self.saved_in_fit, self.scope)  # another run writing the same file would be loaded instead
         self.learn.load(self.fname, with_opt=self.with_opt, scope=self.scope)

@@ -37,7 +37,7 @@ class Idioms:
         return load_state(f, map_location='cpu') if self.lib else torch.load(f, map_location='cpu')
     def write(self, obj, f):
         "One process writes, with nobody to wait for (the writer that gets killed)"
-        return atomic_save(obj, f) if self.lib else torch.save(obj, f)
+        return atomic_torch_save(obj, f) if self.lib else torch.save(obj, f)
     def recreate(self, d):
         "Every rank empties the directory at the start of a run (`--overwrite`): rmtree, then mkdir"
         if self.lib: return prepare_dir(d, overwrite=True)
@@ -286,11 +286,11 @@ def _ms(f):
 def _median_ms(f, reps): return statistics.median(_ms(f) for _ in range(reps))
 
 def _write_rates(d, mb=64, reps=5):
-    "MB/s of a plain write and fsync, and of a durable `atomic_save`, of the same `mb` MB tensor, run alternately"
+    "MB/s of a plain write and fsync, and of a durable `atomic_torch_save`, of the same `mb` MB tensor, run alternately"
     x = torch.randint(0, 255, (mb*2**20,), dtype=torch.uint8)
     def plain():
         with open(d/'plain.pth', 'wb') as fh: torch.save(x, fh); fh.flush(); os.fsync(fh.fileno())
-    ts = {plain: [], partial(atomic_save, x, d/'safe.pth'): []}
+    ts = {plain: [], partial(atomic_torch_save, x, d/'safe.pth'): []}
     for _ in range(reps):
         for f,t in ts.items():
             os.sync() # untimed: neither pays for the other's dirty pages
@@ -343,7 +343,7 @@ def dir_report(rep):
             f"| fsync | " + (f"works: {fs[0]:.1f} ms for a 1 MB file, {fs[1]:.1f} ms for the directory" if isinstance(fs, tuple) else f"FAILS: {fs}") + " |",
             f"| barrier (median of 20) | {rep['barrier_ms']:.1f} ms |",
             f"| commit: durable save_state of a small state (median of 10) | {rep['commit_ms']:.1f} ms |",
-            f"| write speed, 64 MB | plain write + fsync {rep['rates'][0]:,.0f} MB/s; atomic_save {rep['rates'][1]:,.0f} MB/s "
+            f"| write speed, 64 MB | plain write + fsync {rep['rates'][0]:,.0f} MB/s; atomic_torch_save {rep['rates'][1]:,.0f} MB/s "
             f"({rep['rates'][1]/rep['rates'][0]:.2f}x) |"]
     return '\n'.join(rows)
 

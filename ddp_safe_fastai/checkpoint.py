@@ -12,13 +12,14 @@ from fastcore.basics import *
 from fastcore.foundation import L
 from fastai.callback.core import Callback
 from fastai.learner import Learner, CancelEpochException
-from fastai.callback.tracker import TrackerCallback, EarlyStoppingCallback
-from fastai.callback.training import GradientAccumulation
-from fastai.callback.fp16 import MixedPrecision
 from .core import *
 from .persist import *
 from .learner import _model_state, _apply_model_state
-from .distributed import fastai_original
+from .distributed import fastai_original, fastai_defaults_kept
+with fastai_defaults_kept():
+    from fastai.callback.tracker import TrackerCallback, EarlyStoppingCallback
+    from fastai.callback.training import GradientAccumulation
+    from fastai.callback.fp16 import MixedPrecision
 
 # %% auto #0
 __all__ = ['get_rng_state', 'set_rng_state', 'write_manifest', 'is_complete', 'latest_complete', 'checkpoint_fit',
@@ -203,12 +204,14 @@ class CheckpointCallback(Callback):
 
     def _commit(self, state, rngs, latest_tmp):
         "On the main process: the checkpoint's files, then its manifest, then the `latest` pointer; then rotation"
+        other = replaced_since_written(self.root/'latest')
+        if other: raise CheckpointError(f"{other} (checkpoints of two runs would mix in {self.root})")
         name = f"epoch_{self.epochs_before + state['epoch']:04d}"
         ckpt = self.root/name
         if ckpt.exists(): shutil.rmtree(ckpt) # an incomplete one from a killed run
         ckpt.mkdir(parents=True)
-        atomic_save(state, ckpt/'state.pth', self.durable)
-        atomic_save(rngs, ckpt/'rng.pth', self.durable)
+        atomic_torch_save(state, ckpt/'state.pth', self.durable)
+        atomic_torch_save(rngs, ckpt/'rng.pth', self.durable)
         write_manifest(ckpt, ['state.pth', 'rng.pth'], epoch=state['epoch'], fit=state['fit'],
                        world_size=max(num_distrib(), 1))
         Path(latest_tmp).write_text(name)

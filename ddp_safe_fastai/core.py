@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #88d9ff79
 from __future__ import annotations
-import os, sys, glob, ctypes, pickle, secrets, shutil, socket, threading
+import os, sys, glob, time, ctypes, pickle, secrets, shutil, socket, threading
 from contextlib import contextmanager, suppress
 from datetime import timedelta
 from pathlib import Path
@@ -14,14 +14,18 @@ try: import fcntl
 except ImportError: fcntl = None  # Windows: no file locks
 
 # %% auto #0
-__all__ = ['CheckpointError', 'DistributedTimeoutError', 'rank_distrib', 'num_distrib', 'Topology', 'topology',
-           'node_rank_distrib', 'local_rank_distrib', 'check_scope', 'is_main_process', 'rank_device',
-           'distrib_timeout', 'join_launched_group', 'exchange', 'distrib_barrier', 'broadcast_object',
-           'raise_failures', 'describe', 'local_io', 'main_process_first', 'prepare_dir', 'atomic_write', 'atomic_save']
+__all__ = ['CheckpointError', 'CheckpointNotFoundError', 'DistributedTimeoutError', 'rank_distrib', 'num_distrib', 'Topology',
+           'topology', 'node_rank_distrib', 'local_rank_distrib', 'check_scope', 'is_main_process', 'rank_device',
+           'distrib_timeout', 'run_prefix', 'join_launched_group', 'meet', 'exchange', 'distrib_barrier',
+           'broadcast_object', 'sync_point', 'FileMissing', 'raise_failures', 'describe', 'local_io',
+           'main_process_first', 'prepare_dir', 'writer_of', 'atomic_write', 'atomic_torch_save']
 
 # %% ../nbs/00_core.ipynb #2b32a525
 class CheckpointError(RuntimeError):
     "A save or load that failed; the message names the file and, under DDP, the ranks concerned"
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    "A load of a file that does not exist (on some rank): `except FileNotFoundError` catches it, as without DDP"
 
 class DistributedTimeoutError(CheckpointError, TimeoutError):
     "Ranks did not meet within the timeout; the message names the operation and the ranks that did not arrive"
@@ -112,7 +116,12 @@ def distrib_timeout(timeout=None):
 
 def _store(): return dist.distributed_c10d._get_default_store()
 
+def run_prefix():
+    "Prefix of this library's keys in the store: one per attempt, as the store outlives a restart by `torchrun --max-restarts`"
+    return f"ddp_safe/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+
 _meetings = {}  # name -> how many meetings of that name this process has been to
+_meetings_entered = 0  # meetings of any name: with the process group's collectives, where this process is in the run
 
 # %% ../nbs/00_core.ipynb #5d4e1d12
 def _launched_without_group():
@@ -133,31 +142,79 @@ def _last_seen(store, rank):
     k = f"ddp_safe/at/{rank}"
     return store.get(k).decode() if store.check([k]) else 'no meeting yet'
 
-def _wait_all(store, keys, what, timeout):
-    "Wait until every key of `keys` is in `store`; raise `DistributedTimeoutError` naming the ranks that are not"
-    try: store.wait(keys, timedelta(seconds=timeout))
+def _came(store, meeting, r):
+    "Did rank `r` come to `meeting` (it may have given up since)?"
+    return store.check([f"{meeting}/{r}"]) or store.check([f"{meeting}/{r}/gave_up"])
+
+def _absent(store, meeting, n, what, timeout):
+    "Why `meeting` failed: the ranks that did not come, and where each was last seen (or those that gave up)"
+    missing = [j for j in range(n) if not _came(store, meeting, j)]
+    if not missing: return f"{what}: every rank came, but not within {timeout:g}s of each other (none missing"
+    seen = '; '.join(f"rank {j} last seen in {_last_seen(store, j)!r}" for j in missing)
+    return f"{what}: rank(s) {missing} did not arrive within {timeout:g}s ({seen}"
+
+def _set_chunked(store, key, data):
+    "Put `data` under `key` in pieces that a store message carries; `key` itself, set last, says how many"
+    parts = [data[i:i+_max_value] for i in range(0, len(data), _max_value)] or [b'']
+    for j,p in enumerate(parts): store.set(f"{key}/{j}", p)
+    store.set(key, str(len(parts)))
+    return len(parts)
+
+def _get_chunked(store, key):
+    "The bytes that `_set_chunked` put under `key`"
+    return b''.join(store.multi_get([f"{key}/{j}" for j in range(int(store.get(key)))]))
+
+def _gather(store, meeting, n, what, timeout):
+    "On rank 0: once every rank has come, publish all their data as one value; else publish why not"
+    try:
+        store.wait([f"{meeting}/full"], timedelta(seconds=timeout))
+        verdict = (None, store.multi_get([f"{meeting}/{j}" for j in range(n)]))
+    except Exception: verdict = (_absent(store, meeting, n, what, timeout), None)
+    return _set_chunked(store, f"{meeting}/all", pickle.dumps(verdict))
+
+def _verdict(store, meeting, r, n, what, timeout):
+    "Every rank's data at `meeting`, as rank 0 published it; rank 0's failure, or rank 0's absence, raised"
+    try: store.wait([f"{meeting}/all"], timedelta(seconds=timeout))
     except Exception as e:
-        # a rank that came and gave up left a marker before taking its key back: it did arrive
-        missing = [r for r,k in enumerate(keys) if not store.check([k]) and not store.check([f"{k}/gave_up"])]
-        if not missing: return
-        seen = '; '.join(f"rank {r} last seen in {_last_seen(store, r)!r}" for r in missing)
-        raise DistributedTimeoutError(f"{what}: rank(s) {missing} did not arrive within {timeout:g}s ({seen}; "
-                                      f"raised on rank {rank_distrib()})") from e
+        if not _came(store, meeting, 0):
+            raise DistributedTimeoutError(f"{_absent(store, meeting, n, what, timeout)}; raised on rank {r})") from e
+        store.wait([f"{meeting}/all"], timedelta(seconds=timeout)) # rank 0 came later: it decides by its own timeout
+    failure,data = pickle.loads(_get_chunked(store, f"{meeting}/all"))
+    if failure: raise DistributedTimeoutError(f"{failure}; raised on rank {r})")
+    return data
 
-def _outwait(store, keys, timeout):
-    "On rank 0, wait until the ranks that came to a meeting it gave up on have given up too, for up to `timeout` s"
-    # they came later, so they give up later: rank 0 leaving first could take the store from them mid-message
-    came = [f"{k}/gave_up" for k in keys[1:] if store.check([k]) or store.check([f"{k}/gave_up"])]
-    with suppress(Exception): store.wait(came, timedelta(seconds=timeout))
-
-def _leave(store, meeting, r, n, timeout):
-    "Say rank `r` has read `meeting`; rank 0 leaves only when every rank has"
+def _clear(store, meeting, n, chunks, failed, timeout):
+    "On rank 0, once every rank that came has read `meeting`: remove its keys, so that a failed one can be held again"
     # without torchrun, `init_process_group` puts the store in rank 0's process: were rank 0 to leave the last meeting
     # and exit, a rank still reading it would fail with "Connection reset by peer"
-    if store.add(f"{meeting}/read", 1) == n: store.set(f"{meeting}/all_read", '')
-    if r != 0: return
-    with suppress(Exception): store.wait([f"{meeting}/all_read"], timedelta(seconds=timeout))  # else a rank died
-    for k in ('read', 'all_read'): store.delete_key(f"{meeting}/{k}")
+    came = [j for j in range(1, n) if _came(store, meeting, j)] if failed else []
+    marks = [f"{meeting}/{j}/gave_up" for j in came] if failed else [f"{meeting}/all_left"] if n > 1 else []
+    with suppress(Exception): store.wait(marks, timedelta(seconds=timeout)) # else a rank died
+    for k in ('0', 'here', 'full', 'all', *[f"all/{j}" for j in range(chunks)], 'left', 'all_left', *[f"{j}/gave_up" for j in came]):
+        store.delete_key(f"{meeting}/{k}")
+
+def meet(store, # the store every rank reaches (the process group's)
+         meeting, # key prefix of this meeting, the same on every rank and new for each meeting
+         r, n, # this rank, and the number of ranks
+         data:bytes, # what this rank publishes
+         what='meeting', # the operation, for messages
+         timeout=1800.): # seconds to wait for the other ranks
+    "Publish `data` as rank `r` and return every rank's data in rank order: rank 0 gathers, each rank reads once"
+    store.set(f"ddp_safe/at/{r}", what)
+    store.set(f"{meeting}/{r}", data)
+    if store.add(f"{meeting}/here", 1) == n: store.set(f"{meeting}/full", '')
+    chunks = _gather(store, meeting, n, what, timeout) if r == 0 else 0
+    try: res = _verdict(store, meeting, r, n, what, timeout)
+    except DistributedTimeoutError:
+        if r == 0: _clear(store, meeting, n, chunks, True, timeout)
+        else: # taken back, so that the meeting can be held again; the marker, last, says that this rank came
+            store.delete_key(f"{meeting}/{r}"); store.add(f"{meeting}/here", -1); store.set(f"{meeting}/{r}/gave_up", '')
+        raise
+    if r == 0: _clear(store, meeting, n, chunks, False, timeout)
+    else:
+        store.delete_key(f"{meeting}/{r}")
+        if store.add(f"{meeting}/left", 1) == n-1: store.set(f"{meeting}/all_left", '')
+    return res
 
 _max_value = 8*2**20 - 2**12  # the most a `TCPStore` message carries (8 MiB), less room for the key
 
@@ -177,22 +234,17 @@ def _check_sizes(res, what):
 
 def exchange(obj, what, timeout=None):
     "Publish `obj` at the meeting named `what` and return the `obj` of every rank, in rank order"
+    global _meetings_entered
     if not join_launched_group(timeout): return [obj]
     store,n,r,timeout = _store(),num_distrib(),rank_distrib(),distrib_timeout(timeout)
     i = _meetings[what] = _meetings.get(what, 0) + 1
-    keys = [f"ddp_safe/{what}/{i}/{j}" for j in range(n)]
-    store.set(f"ddp_safe/at/{r}", what)
-    store.set(keys[r], _publishable(obj))
-    try: _wait_all(store, keys, what, timeout)
-    except DistributedTimeoutError:
-        store.set(f"{keys[r]}/gave_up", '1'); store.delete_key(keys[r]); _meetings[what] = i-1
-        if r == 0: _outwait(store, keys, timeout)
+    _meetings_entered += 1
+    try: data = meet(store, f"{run_prefix()}/{what}/{i}", r, n, _publishable(obj), what, timeout)
+    except DistributedTimeoutError: # not held: the next meeting of that name is this one again, for every rank
+        _meetings[what],_meetings_entered = i-1,_meetings_entered-1
         raise
-    hosts,res = zip(*map(pickle.loads, store.multi_get(keys)))
+    hosts,res = zip(*map(pickle.loads, data))
     if _group_key() not in _topologies: _topologies[_group_key()] = Topology(hosts)
-    # everyone is at meeting i, so everyone has read meeting i-1: this rank's key there can go
-    if i > 1: store.delete_key(f"ddp_safe/{what}/{i-1}/{r}")
-    _leave(store, f"ddp_safe/{what}/{i}", r, n, timeout)
     _check_sizes(res, what)
     return list(res)
 
@@ -205,13 +257,27 @@ def broadcast_object(obj, src=0, what='broadcast', timeout=None):
     "`obj` as rank `src` has it, on every rank"
     return exchange(obj if rank_distrib() == src else None, what, timeout)[src]
 
+# %% ../nbs/00_core.ipynb #9c0cb678
+def _collectives(pg=None):
+    "How many collectives this process has started in the process group `pg` (default: the default group)"
+    try: return (pg or dist.distributed_c10d._get_default_group())._get_sequence_number_for_group()
+    except Exception: return 0  # a backend that does not count them: meetings alone mark the place
+
+def sync_point(pg=None):
+    "Where this process is in the run: the collectives of the process group and the meetings it has entered"
+    return (_collectives(pg), _meetings_entered)
+
 # %% ../nbs/00_core.ipynb #84f1553c
+class FileMissing(str):
+    "A failure that is a missing file: `raise_failures` then raises a `CheckpointNotFoundError`"
+
 def raise_failures(failures, what):
     "Raise `CheckpointError` if any rank's entry in `failures` (one per rank, None for success) is a failure"
     bad = {r:f for r,f in enumerate(failures) if f is not None}
     if not bad: return
     msgs = list(dict.fromkeys(bad.values()))
-    raise CheckpointError(f"{what}: failed on rank(s) {list(bad)}: " + ' | '.join(msgs))
+    cls = CheckpointNotFoundError if any(isinstance(f, FileMissing) for f in msgs) else CheckpointError
+    raise cls(f"{what}: failed on rank(s) {list(bad)}: " + ' | '.join(msgs))
 
 def describe(e:BaseException):
     "One line saying what `e` is"
@@ -343,6 +409,17 @@ def _remove_stale_tmps(file):
         finally: os.close(fd)
 
 # %% ../nbs/00_core.ipynb #0df75eab
+_writer_attr = 'user.ddp_safe_fastai.writer'
+
+def _tag_writer(path):
+    "Say in `path`'s extended attributes which process wrote it (where the file system keeps them)"
+    desc = f"host {socket.gethostname()}, pid {os.getpid()}, {' '.join(sys.argv)[:200] or 'python'}, at {time.strftime('%Y-%m-%d %H:%M:%S')}"
+    with suppress(OSError, AttributeError): os.setxattr(path, _writer_attr, desc.encode())
+
+def writer_of(file):
+    "Which process wrote `file`, as this library's atomic writes record it; None if unknown"
+    with suppress(OSError, AttributeError): return os.getxattr(file, _writer_attr).decode()
+
 def atomic_write(file, # the file to write
                  write, # a function that writes to the path it is given
                  durable=True): # fsync the file and its directory
@@ -357,10 +434,13 @@ def atomic_write(file, # the file to write
 
 def _write_and_swap(file, write, durable):
     "Write `file` through a temporary of its own and swap it in; remove the name of the previous file"
-    try: tmp,lock = _claim_tmp(file)
+    try:
+        file.parent.mkdir(parents=True, exist_ok=True)  # by the writer alone, its failure shared like the write's
+        tmp,lock = _claim_tmp(file)
     except OSError as e: raise CheckpointError(f"could not write {file}: {describe(e)}") from e
     try:
         write(tmp)
+        _tag_writer(tmp)
         if file.exists(): shutil.copymode(file, tmp)
         if durable: _fsync(tmp)
         swapped = _swap_in(tmp, file)
@@ -374,8 +454,6 @@ def _write_and_swap(file, write, durable):
     if durable: _fsync(file.parent, directory=True)
     if swapped: tmp.unlink(missing_ok=True)  # the previous file (another writer's cleanup may have been first)
 
-def atomic_save(obj, file, durable=True, **torch_save_kwargs):
+def atomic_torch_save(obj, file, durable=True, **torch_save_kwargs):
     "`torch.save(obj, file, **torch_save_kwargs)`, atomically: the previous `file` survives any failure"
-    # fastcore.xtras has an unrelated `atomic_save` (a context manager), which `from fastai.basics import *` brings in:
-    # import this library after fastai
     return atomic_write(file, lambda tmp: torch.save(obj, tmp, **torch_save_kwargs), durable=durable)

@@ -4,20 +4,48 @@
 
 # %% ../nbs/02_distributed.ipynb #f75ca3ec
 from __future__ import annotations
-import os, sys, warnings
+import os, sys, warnings, importlib.abc, importlib.util
+from contextlib import contextmanager
 import torch, torch.distributed as dist
 from torch import nn
 from fastcore.basics import *
 from fastcore.meta import delegates
 import fastai.torch_core
 from fastai.torch_core import LongTensor
-from fastai.distributed import DistributedDL, DistributedTrainer
+from fastai.learner import defaults
 from .core import *
 from .core import _pg_ready
 from . import core
 
 # %% auto #0
-__all__ = ['fastai_original', 'rebind_fastai', 'share_launch_env']
+__all__ = ['fastai_defaults_kept', 'fastai_original', 'rebind_fastai', 'share_launch_env']
+
+# %% ../nbs/02_distributed.ipynb #8646cfc6
+_progress = 'fastai.callback.progress'
+
+class _SetAside(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    "Gives back the progress module set aside when it is next imported, and adds its callback to fastai's defaults"
+    module = None
+    def find_spec(self, name, path=None, target=None):
+        return importlib.util.spec_from_loader(name, self) if name == _progress and self.module else None
+    def create_module(self, spec): return self.module
+    def exec_module(self, module):
+        self.module = None
+        if module.ProgressCallback not in defaults.callbacks: defaults.callbacks.append(module.ProgressCallback)
+
+_set_aside = _SetAside()
+sys.meta_path.insert(0, _set_aside)
+
+@contextmanager
+def fastai_defaults_kept():
+    "Import fastai modules inside this context: fastai's defaults (`defaults.callbacks`) stay as they were"
+    shown,cbs = _progress in sys.modules,list(defaults.callbacks)
+    try: yield
+    finally:
+        defaults.callbacks[:] = cbs
+        if not shown and _progress in sys.modules: _set_aside.module = sys.modules.pop(_progress)
+
+with fastai_defaults_kept(): from fastai.distributed import DistributedDL, DistributedTrainer
 
 # %% ../nbs/02_distributed.ipynb #09ca8b99
 def fastai_original(o, name):

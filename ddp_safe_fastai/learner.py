@@ -4,7 +4,7 @@
 
 # %% ../nbs/10_learner.ipynb #3bd49f32
 from __future__ import annotations
-import pickle, warnings
+import os, pickle, warnings
 from functools import partial
 from pathlib import Path
 import torch, cloudpickle
@@ -13,7 +13,7 @@ from fastcore.meta import delegates
 import fastai.learner
 from fastai.torch_core import get_model, default_device, apply
 from fastai.data.core import DataLoaders
-from fastai.learner import Learner, join_path_file, load_model
+from fastai.learner import Learner
 from .core import *
 from .core import _pg_ready
 from .persist import *
@@ -37,6 +37,10 @@ def _apply_model_state(state, model, opt, with_opt=True, strict=True):
         try: opt.load_state_dict(state['opt'])
         except Exception: warnings.warn("Could not load the optimizer state.")
     elif with_opt: warnings.warn("Saved file doesn't contain an optimizer state.")
+
+def _is_buffer(file):
+    "Is `file` an open file or buffer (`io.BytesIO`), which each process saves to and loads from alone, as in fastai?"
+    return not isinstance(file, (str, os.PathLike))
 
 def _model_file(learn, file):
     "`file` in `learn`'s model directory, '.pth' added, as fastai names it; unlike fastai's, a load makes no directory"
@@ -72,8 +76,11 @@ def save(self:Learner,
          async_save=False, # return once the state is copied to host memory; write in the background
          **torch_save_kwargs):
     "Save model and optimizer state (if `with_opt`) to `self.path/self.model_dir/file`, once, atomically"
-    file = join_path_file(file, self.path/self.model_dir, ext='.pth')
     state = _model_state(self.model, getattr(self, 'opt', None), with_opt)
+    if _is_buffer(file):
+        torch.save(state, file, pickle_protocol=pickle_protocol, **torch_save_kwargs)
+        return file
+    file = _model_file(self, file) # its directory is made by the writer: a failure there is shared like the write's
     return save_state(state, file, scope, durable, timeout, async_save, pickle_protocol=pickle_protocol, **torch_save_kwargs)
 
 @patch
@@ -88,6 +95,9 @@ def load(self:Learner,
          **torch_load_kwargs):
     "Load model and optimizer state (if `with_opt`) from `self.path/self.model_dir/file`, on every rank"
     if self.opt is None: self.create_opt()
+    if _is_buffer(file):
+        _load_into(file, self, _load_device(self, device), with_opt, strict, weights_only, **torch_load_kwargs)
+        return self
     # into the model inside the read: no rank leaves the load (and may replace the file) while another still reads it
     read_on_all(_model_file(self, file), partial(_load_into, learn=self, device=_load_device(self, device),
                 with_opt=with_opt, strict=strict, weights_only=weights_only, **torch_load_kwargs), 'load', timeout, scope)

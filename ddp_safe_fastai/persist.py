@@ -4,7 +4,8 @@
 
 # %% ../nbs/01_persist.ipynb #f9ce95ee
 from __future__ import annotations
-import io, os, pickle, logging, secrets
+import io, os, sys, time, atexit, pickle, hashlib, logging, secrets, threading, zipfile
+from contextlib import suppress
 import torch.distributed as dist
 from datetime import timedelta
 from functools import partial, cache
@@ -16,32 +17,123 @@ from .core import *
 from .core import _pg_ready, _store, _wait_closes
 
 # %% auto #0
-__all__ = ['host_copy', 'stage_for_save', 'flush_saves', 'save_on_main', 'save_state', 'dir_is_shared', 'read_on_all',
-           'load_state']
+__all__ = ['call_site', 'host_copy', 'stage_for_save', 'replaced_since_written', 'flush_saves', 'check_not_replaced',
+           'save_on_main', 'save_state', 'dir_is_shared', 'read_on_all', 'load_state']
 
 # %% ../nbs/01_persist.ipynb #a6f5bf2d
-_saves = {}  # (file name, scope) -> saves of files of that name this process has made
+def _save_prefix(scope):
+    "Store prefix of the saves of `scope`, which have one writer: rank 0, or the local rank 0 of this node"
+    return f"{run_prefix()}/save" + ('' if scope == 'global' else f"/node{node_rank_distrib()}")
 
-def _save_key(file, scope, gen):
-    "The store key of the outcome of save number `gen` of a file of `file`'s name"
-    # by name: ranks may reach one file by different paths (node mounts); saves are counted by name too, so that two
-    # files of one name in different directories never share a key
-    node = '' if scope == 'global' else f"/node{node_rank_distrib()}"
-    return f"ddp_safe/save{node}/{file.name}/{gen}"
+def _place(at): return '.'.join(map(str, at))
 
-def _wait_for_writer(key, file, timeout):
-    "On a rank that does not write: the outcome of the main process's write of `file`"
-    store,timeout = _store(),distrib_timeout(timeout)
+def call_site():
+    "Where the script called this save from: its whole call stack, as a short hash, the same on every rank"
+    f,lines = sys._getframe(1),[]
+    while f: lines.append(f"{f.f_code.co_filename}:{f.f_lineno}"); f = f.f_back
+    return hashlib.sha1('\n'.join(lines).encode()).hexdigest()[:12]
+
+_calls = {}  # (prefix, place, name, call site) -> saves this process made of that name, from there, at that place
+
+def _save_number(prefix, at, name, site):
+    "How many saves of `name` from `site` this process has made at place `at`, this one included"
+    if any(k[1] != at for k in _calls): _calls.clear()  # a new place: the counts of the last one are done with
+    n = _calls[prefix, at, name, site] = _calls.get((prefix, at, name, site), 0) + 1
+    return n
+
+_unpublished = {}  # on a writer: (store prefix, place) -> {file name: write number of its last save there}
+_published = []  # the last keys this process published them under
+_lock = threading.Lock()
+_watcher,_exiting = None,threading.Event()
+
+def _publish(store, done):
+    "Publish the saves made at each place of `done`, for the ranks that did not write"
+    for (prefix, at),names in done.items():
+        key = f"{prefix}/left/{_place(at)}"
+        store.set(key, pickle.dumps(names))
+        _published[:] = [*_published[-15:], (store, key)]
+
+def _take_left(pg, everything=False):
+    "The unpublished places this process has left (all of them if `everything`)"
+    now = sync_point(pg) if not everything and dist.is_initialized() else None
+    with _lock: return {k: _unpublished.pop(k) for k in list(_unpublished) if k[1] != now}
+
+def _watch_places(store, pg):
+    "Publish the saves made at a place as soon as this process leaves it: its next collective or meeting"
+    global _watcher
+    while not _exiting.is_set():
+        _publish(store, _take_left(pg))
+        with _lock:
+            if not _unpublished: _watcher = None; return
+        time.sleep(0.005)
+
+def _note_write(prefix, name, at, site, idx):
+    "On the writer: number this save, say where it was called from; the key of its outcome"
+    global _watcher
+    store = _store()
+    n = store.add(f"{prefix}/{name}/n", 1)  # numbered by the store: a run that torchrun restarts never reuses one
+    store.set(f"{prefix}/{name}/{_place(at)}/{site}/{idx}", str(n))
+    with _lock:
+        _unpublished.setdefault((prefix, at), {})[name] = n
+        if _watcher is None:
+            # a connection of its own: a store client serves one request at a time, and the main thread may be waiting
+            _watcher = threading.Thread(target=_watch_places, args=(store.clone(), dist.distributed_c10d._get_default_group()),
+                                        daemon=True, name='ddp_safe_places')
+            _watcher.start()
+    return f"{prefix}/{name}/{n}"
+
+@atexit.register
+def _publish_at_exit():
+    "Publish what is left to publish; if the store lives in this process, let the ranks that wait for it read it"
+    # the watcher stops first: a thread still in the store's C++ code when the interpreter ends aborts the process
+    _exiting.set()
+    if _watcher is not None: _watcher.join(10)
+    with suppress(Exception): _publish(_store(), _take_left(None, everything=True))
+    end = time.monotonic() + 60  # a reader that died does not hold the exit longer
+    for store,key in _published:
+        with suppress(Exception):
+            while int(store.add(f"{key}/read", 0)) < int(store.add(f"{key}/want", 0)) and time.monotonic() < end:
+                time.sleep(0.01)
+    _published.clear()  # the watcher's connection closes here, not in the interpreter's teardown
+
+def _outcome(store, key, file, timeout):
+    "The outcome the writer published under `key`: None, or why the write of `file` failed"
     try: store.wait([key], timedelta(seconds=timeout))
     except Exception as e:
         raise DistributedTimeoutError(f"save {file}: the main process did not finish writing it within {timeout:g}s "
                                       f"(raised on rank {rank_distrib()})") from e
     return pickle.loads(store.get(key))
 
+def _matching_write(store, prefix, name, file, at, site, idx, timeout):
+    "The number of the main process's save that answers this rank's: the same place, call site and count there"
+    mine = f"{prefix}/{name}/{_place(at)}/{site}/{idx}"
+    left = f"{prefix}/left/{_place(at)}"
+    store.add(f"{left}/want", 1)
+    end,pause = time.monotonic() + timeout,0.001
+    try:
+        while time.monotonic() < end:
+            if store.check([mine]): return int(store.get(mine))
+            if store.check([left]): # it left this place without saving from there: its last save of the file there
+                if store.check([mine]): return int(store.get(mine))
+                saves = pickle.loads(store.get(left))
+                if name in saves: return saves[name]
+                raise CheckpointError(f"save {file}: rank {rank_distrib()} saved it but the main process did not, "
+                    "between the same two collectives or meetings (every rank calls a save, or the main process alone)")
+            time.sleep(pause); pause = min(2*pause, 0.05) # `check` and a pause: a short `wait` logs a warning each time
+    finally: store.add(f"{left}/read", 1)
+    raise DistributedTimeoutError(f"save {file}: the main process did not save it within {timeout:g}s of rank "
+                                  f"{rank_distrib()} (every rank calls a save, or the main process alone)")
+
+def _wait_for_writer(prefix, name, file, at, site, idx, timeout):
+    "On a rank that does not write: the outcome of the main process's save of `file` that answers this one"
+    store,timeout = _store(),distrib_timeout(timeout)
+    n = _matching_write(store, prefix, name, file, at, site, idx, timeout)
+    return _outcome(store, f"{prefix}/{name}/{n}", file, timeout)
+
 # %% ../nbs/01_persist.ipynb #775f7426
 from concurrent.futures import ThreadPoolExecutor
 _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_writer')  # one write at a time
-_in_flight = []  # main process: futures of background writes; other ranks: (key, file) of saves to hear about
+_in_flight = []  # main process: futures of background writes; other ranks: saves to hear about
 
 _staged = []  # the host tensors of the last asynchronous save: free again once its write is done
 
@@ -78,11 +170,27 @@ def stage_for_save(obj, # the state an asynchronous save will write
     _staged = list(_tensors(copy))
     return copy
 
+_written = {}  # on a writer: file -> the identity of the file this process last wrote there
+
+def _identity(file):
+    "What tells one version of `file` from another: every atomic write makes a new file (device, inode)"
+    with suppress(OSError): return (os.stat(file).st_dev, os.stat(file).st_ino)
+
+def replaced_since_written(file):
+    "On the writer: None if `file` is what this process last wrote there (or it never wrote it); else what happened"
+    file = Path(file).absolute()
+    if file not in _written or _identity(file) == _written[file]: return None
+    if not file.exists(): return f"{file} was removed after this run wrote it"
+    who = writer_of(file)
+    return (f"{file} was replaced after this run wrote it, by {who or 'a writer that did not say who it is'}: two runs "
+            "write the same file. Give each run its own file name or path")
+
 def _write_and_publish(file, write, durable, key):
     "Write `file`; publish the outcome under `key` for the ranks that did not write; the failure, or None"
     failure = f"could not write {file}: interrupted"
     try: atomic_write(file, write, durable); failure = None
     except CheckpointError as e: failure = str(e)
+    else: _written[file] = _identity(file)
     finally:
         if key: _store().set(key, pickle.dumps(failure))
     return failure
@@ -98,6 +206,17 @@ def flush_saves(timeout=None):
         _raise_failure(_wait_for_writer(*item, timeout) if isinstance(item, tuple) else item.result())
     _wait_closes() # one at a time, like the writes: the next save does not race the freeing of the last one's blocks
 
+# %% ../nbs/01_persist.ipynb #b07f673b
+def check_not_replaced(file, # the file this run saved and is about to read back
+                       scope='global', # who wrote it: 'node' for the local rank 0 of each node
+                       what='reload', # the operation, for messages
+                       timeout=None): # seconds to wait for the other ranks
+    "Raise `CheckpointError` on every rank if another run replaced `file` after this run's main process wrote it"
+    file = Path(file).absolute()
+    flush_saves(timeout)
+    why = replaced_since_written(file) if is_main_process(check_scope(scope)) else None
+    raise_failures(exchange(why, f"{what} {file.name} (written by this run?)", timeout), f"{what} {file}")
+
 # %% ../nbs/01_persist.ipynb #9416241d
 def save_on_main(file, # the file to write
                  write, # writes the content to the path it is given
@@ -107,15 +226,21 @@ def save_on_main(file, # the file to write
                  async_save=False): # write in the background: return once `write` may be called later
     "Write `file` through `write` on the main process alone, atomically; every rank that calls it raises if that failed"
     file,scope = Path(file).absolute(),check_scope(scope)
+    distrib_timeout(timeout) # a bad timeout fails here on every rank, not only on those that wait
     flush_saves(timeout)
-    gen = _saves[file.name,scope] = _saves.get((file.name,scope), 0) + 1
-    key = _save_key(file, scope, gen) if _pg_ready() else None
+    at = sync_point() if _pg_ready() else None # inside `local_io`, or without DDP: nobody else hears of this save
+    if at: # saves are matched by place in the run, call site, and count there: a save of rank 0 alone matches none
+        prefix,site = _save_prefix(scope),call_site()
+        idx = _save_number(prefix, at, file.name, site)
     if is_main_process(scope):
+        key = _note_write(prefix, file.name, at, site, idx) if at else None
         if async_save: _in_flight.append(_writer.submit(_write_and_publish, file, write, durable, key))
         else: _raise_failure(_write_and_publish(file, write, durable, key))
-    elif key:
-        if async_save: _in_flight.append((key, file))
-        else: _raise_failure(_wait_for_writer(key, file, timeout))
+    elif at:
+        # by name: ranks may reach one file by different paths (node mounts)
+        job = (prefix, file.name, file, at, site, idx)
+        if async_save: _in_flight.append(job)
+        else: _raise_failure(_wait_for_writer(*job, timeout))
     return file
 
 def save_state(obj, file, scope='global', durable=True, timeout=None, async_save=False, **torch_save_kwargs):
@@ -124,17 +249,23 @@ def save_state(obj, file, scope='global', durable=True, timeout=None, async_save
     return save_on_main(file, lambda tmp: torch.save(obj, tmp, **torch_save_kwargs), scope, durable, timeout, async_save)
 
 # %% ../nbs/01_persist.ipynb #4faccbe3
-def _why_unreadable(e):
+def _truncated(file):
+    "Is `file` a zip archive (torch's format) whose end is missing?"
+    try:
+        with open(file, 'rb') as f: return f.read(4) == b'PK\x03\x04' and not zipfile.is_zipfile(file)
+    except (OSError, TypeError): return False
+
+def _why_unreadable(e, file=None):
     "What a failed read of a checkpoint means, in words, without the rank (ranks are listed beside it)"
     msg = str(e).split('\n')[0]
-    if isinstance(e, FileNotFoundError): return "no such file"
+    if isinstance(e, FileNotFoundError): return FileMissing("no such file")
     if isinstance(e, PermissionError): return "permission denied"
     if isinstance(e, IsADirectoryError): return "it is a directory"
     if 'Weights only load failed' in str(e):
         return ("it holds objects that are not plain weights; `weights_only=True` refused them and ran nothing. "
                 "Load it with `weights_only=False` only if you trust it")
     if 'Error(s) in loading state_dict' in msg: return f"it does not fit the model: {' '.join(str(e).split(chr(10), 1)[-1].split())}"
-    if isinstance(e, (EOFError, pickle.UnpicklingError)) or 'PytorchStreamReader' in msg or 'zip archive' in msg:
+    if isinstance(e, (EOFError, pickle.UnpicklingError)) or 'PytorchStreamReader' in msg or 'zip archive' in msg or _truncated(file):
         return f"truncated or corrupt file ({type(e).__name__}: {msg})"
     return f"{type(e).__name__}: {msg}"
 
@@ -142,7 +273,7 @@ def _read(file, read):
     "`read(file)`, on this rank alone; `(result, None)` or `(None, why it failed)`"
     try:
         with local_io(): return read(file), None
-    except Exception as e: return None, _why_unreadable(e)
+    except Exception as e: return None, _why_unreadable(e, file)
 
 # %% ../nbs/01_persist.ipynb #6ec86b45
 _log = logging.getLogger('ddp_safe_fastai')
@@ -218,7 +349,7 @@ def read_on_all(file, # the file to read
     if not _pg_ready():
         flush_saves(timeout)
         res,failure = _read(file, read)
-        if failure: raise CheckpointError(f"{what} {file}: {failure}")
+        if failure: raise (CheckpointNotFoundError if isinstance(failure, FileMissing) else CheckpointError)(f"{what} {file}: {failure}")
         return res
     # ranks meet by file name: on node-local disks the directory may differ from node to node
     meeting = f"{what} {file.name}"

@@ -8,13 +8,14 @@ from fastcore.basics import *
 from fastai.torch_core import get_model
 from fastai.learner import Learner, join_path_file
 from fastcore.meta import delegates
-from fastai.text.learner import TextLearner, clean_raw_keys
-from fastai.text.data import LMDataLoader
-from fastai.distributed import DistributedDL
 from .core import *
 from .persist import *
 from .learner import _load_device, _model_file
-from .distributed import fastai_original
+from .distributed import fastai_original, fastai_defaults_kept
+with fastai_defaults_kept():
+    from fastai.text.learner import TextLearner, clean_raw_keys
+    from fastai.text.data import LMDataLoader
+    from fastai.distributed import DistributedDL
 
 # %% auto #0
 __all__ = []

@@ -32,7 +32,7 @@ def test_dir_on_a_local_disk(tmp_path):
     assert rc == 0, out + err
     assert f"`{tmp_path}`" in out and 'checked by 3 rank(s) on 1 node(s)' in out
     assert '| shared by all ranks | yes |' in out and re.search(r"yes: 0 torn or missing of [\d,]+ reads", out)
-    assert '| fsync | works' in out and re.search(r"atomic_save [\d,]+ MB/s \(\d\.\d\dx\)", out)
+    assert '| fsync | works' in out and re.search(r"atomic_torch_save [\d,]+ MB/s \(\d\.\d\dx\)", out)
     assert os.listdir(tmp_path) == []  # it leaves nothing behind
 
 def test_dir_that_does_not_exist(tmp_path):

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest, torch
 import scenarios as s
 from conftest import values
-from ddp_safe_fastai.core import atomic_save
+from ddp_safe_fastai.core import atomic_torch_save
 from ddp_safe_fastai.testing import torchrun_ranks, free_port
 
 @pytest.mark.parametrize('nproc', [2, 4])
@@ -62,9 +62,9 @@ def test_unguarded_rmtree_race_fails(tmp_path):
 
 _writer = textwrap.dedent('''
     import sys, torch
-    from ddp_safe_fastai.core import atomic_save
+    from ddp_safe_fastai.core import atomic_torch_save
     f, n = sys.argv[1], int(sys.argv[2])
-    save = atomic_save if sys.argv[3] == 'atomic' else (lambda o, f: torch.save(o, f))
+    save = atomic_torch_save if sys.argv[3] == 'atomic' else (lambda o, f: torch.save(o, f))
     print('ready', flush=True)
     for v in range(1, 10**6): save({'v': v, 'w': torch.full((n,), float(v))}, f)
 ''')
@@ -72,7 +72,7 @@ _writer = textwrap.dedent('''
 def _crash_trials(tmp_path, mode, trials, n=25_000_000):
     "Kill a writer with SIGKILL at random moments while it rewrites a ~100 MB file; count files that are not whole"
     f = tmp_path/'ckpt.pth'
-    atomic_save({'v': 0, 'w': torch.zeros(n)}, f)
+    atomic_torch_save({'v': 0, 'w': torch.zeros(n)}, f)
     bad = 0
     for i in range(trials):
         p = subprocess.Popen([sys.executable, '-c', _writer, str(f), str(n), mode], stdout=subprocess.PIPE)
@@ -88,7 +88,7 @@ def _crash_trials(tmp_path, mode, trials, n=25_000_000):
 def test_atomic_save_survives_sigkill(tmp_path):
     random.seed(0)
     assert _crash_trials(tmp_path, 'atomic', 20) == 0
-    atomic_save({'v': -1}, tmp_path/'ckpt.pth')  # the next successful save
+    atomic_torch_save({'v': -1}, tmp_path/'ckpt.pth')  # the next successful save
     assert sorted(p.name for p in tmp_path.iterdir()) == ['ckpt.pth']
 
 def test_plain_torch_save_does_not(tmp_path):

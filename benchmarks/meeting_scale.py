@@ -1,0 +1,55 @@
+"""Cost of one meeting from 8 to 1024 simulated ranks: threads, each with its own client of one real `TCPStore`.
+`meet` (rank 0 gathers, every rank reads one value) against the all-to-all it replaced (every rank read every key)"""
+import sys, time, pickle, threading, argparse
+from datetime import timedelta
+from pathlib import Path
+from torch.distributed import TCPStore
+from ddp_safe_fastai.core import meet
+
+def all_to_all(store, meeting, r, n, data, timeout=120):
+    "The previous meeting: every rank waits for and reads every rank's key, then says it has read"
+    keys = [f"{meeting}/{j}" for j in range(n)]
+    store.set(f"ddp_safe/at/{r}", 'bench'); store.set(keys[r], data)
+    store.wait(keys, timedelta(seconds=timeout))
+    res = store.multi_get(keys)
+    if store.add(f"{meeting}/read", 1) == n: store.set(f"{meeting}/all_read", '')
+    if r == 0: store.wait([f"{meeting}/all_read"], timedelta(seconds=timeout))
+    return res
+
+def per_meeting(protocol, n, reps):
+    "Fastest of `reps` meetings of `n` simulated ranks, in seconds"
+    server = TCPStore('127.0.0.1', 0, n, True, timedelta(seconds=120), wait_for_workers=False)
+    clients = [TCPStore('127.0.0.1', server.port, n, False, timedelta(seconds=120)) for _ in range(n)]
+    data = pickle.dumps(('host', None))
+    times = []
+    for rep in range(reps):
+        start, done = threading.Barrier(n+1), []
+        def rank(r):
+            start.wait()
+            done.append(len(protocol(clients[r], f"bench/{rep}", r, n, data, timeout=120)))
+        ts = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+        for t in ts: t.start()
+        start.wait(); t0 = time.perf_counter()
+        for t in ts: t.join()
+        times.append(time.perf_counter() - t0)
+        assert done == [n]*n
+    return min(times)
+
+if __name__ == '__main__':
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument('--ranks', type=int, nargs='+', default=[8, 64, 256, 512, 1024])
+    p.add_argument('--reps', type=int, default=3)
+    p.add_argument('--plot', default=str(Path(__file__).parent.parent/'nbs/images/meeting_scale.png'))
+    a = p.parse_args()
+    rows = []
+    print("| ranks | all-to-all (before) s | gather and read once (now) s |\n|---|---|---|")
+    for n in a.ranks:
+        rows.append((n, per_meeting(all_to_all, n, a.reps), per_meeting(meet, n, a.reps)))
+        print(f"| {n} | {rows[-1][1]:.3f} | {rows[-1][2]:.3f} |", flush=True)
+    if a.plot:
+        import matplotlib; matplotlib.use('Agg'); import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        for i,lbl in ((1, 'all-to-all (before)'), (2, 'rank 0 gathers, each reads once (now)')):
+            ax.plot([r[0] for r in rows], [r[i] for r in rows], 'o-', label=lbl)
+        ax.set_xlabel('simulated ranks'); ax.set_ylabel('seconds per meeting'); ax.legend(); fig.tight_layout()
+        fig.savefig(a.plot, dpi=110); print('plot:', a.plot)

@@ -1,0 +1,134 @@
+"""A model check of the save/load protocol: random programs of saves, loads, barriers, writer failures, other runs
+and delays, run on real gloo ranks; every call's outcome on every rank is compared with a small reference model"""
+import os, random, signal, resource, time
+from pathlib import Path
+import torch, torch.distributed as dist
+
+FILES = ('a', 'b')
+# (op, file, who). who: 'all' every rank calls it; 'main' rank 0 alone (the PyTorch tutorial's `if rank == 0:`);
+# 'local' rank 0 alone inside `local_io`
+SAVES = [('save', f, w) for f in FILES for w in ('all', 'main', 'local')]
+FULL = [('save_full', f, w) for f in FILES for w in ('all', 'main')]  # rank 0's disk is full during this save
+LOADS = [('load', f, w) for f in FILES for w in ('all', 'local')] + [('reload', f, 'all') for f in FILES]
+OTHERS = [('other_run', f, 'main') for f in FILES] + [('barrier', None, 'all'), ('collective', None, 'all')]
+
+def generate(rng, nproc, n_ops=None):
+    "A random program for `nproc` ranks: a list of `(op, file, who, delays)`; rank r first sleeps `delays[r]` s"
+    return [(*rng.choice(SAVES*3 + FULL + LOADS*2 + OTHERS), tuple(rng.choice([0, 0, 0, .02, .1]) for _ in range(nproc)))
+            for _ in range(n_ops or rng.randint(3, 12))]
+
+def show(ops):
+    "`ops`, one per line, as Python that `replay` takes back"
+    return '[\n' + ''.join(f"  {o!r},\n" for o in ops) + ']'
+
+# the reference model -----------------------------------------------------------------------------------------------
+
+def expected(ops, nproc):
+    "Per op, per rank: `('ok', value)`, `('error', kind)`, or None where the rank does not call it"
+    disk, ours, rank0 = {}, {}, []  # ours: does the file still hold this run's last write
+    for i,(op,f,who,_) in enumerate(ops):
+        if op in ('save', 'save_full'):
+            res = ('ok', None) if op == 'save' else ('error', 'CheckpointError')
+            if op == 'save': disk[f], ours[f] = i, True
+        elif op == 'other_run':
+            disk[f], res = -1, ('ok', None)
+            if f in ours: ours[f] = False
+        elif op in ('load', 'reload'):
+            if op == 'reload' and ours.get(f) is False: res = ('error', 'replaced')
+            elif f not in disk: res = ('error', 'CheckpointNotFoundError')
+            else: res = ('ok', disk[f])
+        else: res = ('ok', None)
+        rank0.append(res)
+    # every rank that calls a save learns the outcome of rank 0's write of that same call: not of a save rank 0 made
+    # alone, nor inside `local_io`, at the same place in the run (they are told apart by where they are called from)
+    return [[rank0[i]] + [rank0[i] if who == 'all' else None]*(nproc-1) for i,(op,f,who,_) in enumerate(ops)]
+
+# what each rank runs -------------------------------------------------------------------------------------------------
+
+def _full_disk():
+    "Make writes past 100 bytes fail in this process, as on a full disk (EFBIG instead of ENOSPC)"
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (100, old[1]))
+    return old
+
+def _other_run_writes(file):
+    "Another run's atomic save of `file`: a new file put in its place, not through this process's library"
+    file.parent.mkdir(parents=True, exist_ok=True)
+    tmp = file.parent/f".{file.name}.other"
+    torch.save({'weight': torch.full((1, 4), -1.), 'bias': torch.zeros(1)}, tmp); os.replace(tmp, file)
+
+def _call(learn, op, f, who, i):
+    "One op of a program on this rank: None if this rank does not take part, else its outcome"
+    from ddp_safe_fastai.all import local_io, distrib_barrier, rank_distrib, check_not_replaced
+    r = rank_distrib()
+    if who != 'all' and r != 0: return None
+    with torch.no_grad(): learn.model.weight.fill_(i)
+    if op in ('save', 'save_full'):
+        old = _full_disk() if op == 'save_full' and r == 0 else None
+        try:
+            if who == 'local':
+                with local_io(): learn.save(f, with_opt=False)
+            elif who == 'main': learn.save(f, with_opt=False)  # a line of its own, as under a script's `if rank == 0:`
+            else: learn.save(f, with_opt=False)
+        finally:
+            if old: resource.setrlimit(resource.RLIMIT_FSIZE, old)
+        return ('ok', None)
+    if op == 'other_run': _other_run_writes(learn.path/learn.model_dir/f"{f}.pth"); return ('ok', None)
+    if op in ('load', 'reload'):
+        if op == 'reload': check_not_replaced(learn.path/learn.model_dir/f"{f}.pth")
+        if who == 'local':
+            with local_io(): learn.load(f, with_opt=False)
+        else: learn.load(f, with_opt=False)
+        return ('ok', int(learn.model.weight.flatten()[0].item()))
+    if op == 'barrier': distrib_barrier()
+    if op == 'collective': dist.barrier()
+    return ('ok', None)
+
+def _kind(e): return 'replaced' if 'was replaced' in str(e) else type(e).__name__
+
+def run_program(root, ops):
+    "Run `ops` on this rank, in `root`; per op, this rank's outcome (and the error's message)"
+    from ddp_safe_fastai.testing import synth_learner
+    learn = synth_learner(path=Path(root))
+    dist.barrier()
+    res = []
+    for i,(op,f,who,delays) in enumerate(ops):
+        time.sleep(delays[dist.get_rank()])
+        try: res.append((_call(learn, op, f, who, i), None))
+        except Exception as e: res.append((('error', _kind(e)), f"{type(e).__name__}: {e}"))
+    return res
+
+def run_programs(root, programs):
+    "Run each program in a directory of its own under `root`; the outcomes of each"
+    return [run_program(Path(root)/str(k), ops) for k,ops in enumerate(programs)]
+
+# checking ------------------------------------------------------------------------------------------------------------
+
+def mismatches(ops, nproc, outcomes):
+    "Where the outcomes of the ranks (`outcomes[rank][op]`) differ from the model, or an error does not name its file"
+    want, bad = expected(ops, nproc), []
+    for i,(op,f,who,_) in enumerate(ops):
+        for r in range(nproc):
+            got,msg = outcomes[r][i]
+            if got != want[i][r]: bad.append(f"op {i} {op, f, who} on rank {r}: expected {want[i][r]}, got {got} {msg or ''}")
+            elif msg and f and f"{f}.pth" not in msg: bad.append(f"op {i} on rank {r}: the error does not name {f}.pth: {msg}")
+    return bad
+
+def check(programs, nproc, root, timeout=600):
+    "Run `programs` on `nproc` torchrun ranks; per program, its mismatches (an empty list when it is right)"
+    from ddp_safe_fastai.testing import torchrun_ranks
+    outs = torchrun_ranks(run_programs, str(root), programs, nproc=nproc, timeout=timeout,
+                          env={'DDP_SAFE_TIMEOUT': '20', 'OMP_NUM_THREADS': '1'})
+    bad = [o for o in outs if not o.ok]
+    if bad: raise AssertionError('\n'.join(f"{o!r}\n{getattr(o, 'traceback', '')}" for o in bad))
+    return [mismatches(ops, nproc, [o.value[k] for o in outs]) for k,ops in enumerate(programs)]
+
+def shrink(ops, nproc, root):
+    "A smallest program found by removing ops one at a time from failing `ops`, that still fails"
+    while len(ops) > 1:
+        cands = [ops[:i] + ops[i+1:] for i in range(len(ops))]
+        failing = [c for c,m in zip(cands, check(cands, nproc, Path(root)/f"shrink{len(ops)}")) if m]
+        if not failing: break
+        ops = failing[0]
+    return ops
