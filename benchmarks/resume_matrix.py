@@ -50,7 +50,16 @@ def two_fits(learn):  # as fine_tune does: one fit, then another with the same c
     learn.fit(3, 0.05, cbs=cbs)
     learn.fit_one_cycle(5, 0.02, cbs=cbs)
 
-SETS = dict(one_cycle=one_cycle, trackers=trackers, accumulate=accumulate, two_fits=two_fits)
+class SlowBatch(Callback):
+    "Each training batch lasts at least 25 ms, so that a kill at a random moment lands inside an epoch"
+    def before_batch(self): self.t = time.monotonic()
+    def after_batch(self):
+        if self.training: time.sleep(max(0, 0.025 - (time.monotonic() - self.t)))
+
+def within_epoch(learn):  # checkpoints every 4 batches: a kill resumes inside the epoch it hit
+    learn.fit_one_cycle(4, 0.05, cbs=[SafeSaveModelCallback(), CheckpointCallback(every_iters=4), Jitter(), SlowBatch()])
+
+SETS = dict(one_cycle=one_cycle, trackers=trackers, accumulate=accumulate, two_fits=two_fits, within_epoch=within_epoch)
 
 def _sha(model):
     h = hashlib.sha256()

@@ -12,6 +12,7 @@ from fastcore.basics import *
 from fastcore.foundation import L
 from fastai.callback.core import Callback
 from fastai.learner import Learner, CancelEpochException
+from fastai.data.load import DataLoader
 from .core import *
 from .persist import *
 from .learner import _model_state, _apply_model_state
@@ -81,12 +82,32 @@ def _do_fit(self:Learner):
         self.epoch = epoch
         self._with_events(self._do_epoch, 'epoch', CancelEpochException)
 
+# %% ../nbs/40_checkpoint.ipynb #99df8b6e
+_fastai_all_batches = fastai_original(Learner, 'all_batches')
+
+@patch
+def all_batches(self:Learner):
+    "fastai's batch loop, counting from the batch a `CheckpointCallback` resumes at (else from 0)"
+    self.n_iter = len(self.dl)
+    for o in enumerate(self.dl, self.__dict__.pop('resume_iter', 0)): self.one_batch(*o)
+
+_fastai_sample = fastai_original(DataLoader, 'sample')
+
+@patch
+def sample(self:DataLoader):
+    "fastai's indices for this pass, less the batches a resumed epoch already did; then the random states it had there"
+    skip,rng = self.__dict__.pop('resume_at', (0, None))
+    if skip: self._DataLoader__idxs = list(self._DataLoader__idxs)[skip*(self.bs or 1):]
+    if rng is not None and self.fake_l.num_workers == 0: set_rng_state(rng)  # after the pass drew its seed
+    return _fastai_sample(self)
+
 # %% ../nbs/40_checkpoint.ipynb #2ac4723c
 def _inner_dls(learn):
     "The DataLoaders being trained on, unwrapped from `DistributedDL`"
     return [getattr(dl, 'dl', dl) for dl in learn.dls.loaders]
 
 _tracker_attrs = ('best', 'wait', 'new_best', 'saved_in_fit')
+_metric_attrs = ('total', 'count', 'preds', 'targs')  # what fastai's metrics accumulate over an epoch
 
 def callback_state(cb):
     "What `cb` has learnt so far in the fit, to carry across a resume (None: nothing): its own `state_dict()`, or fastai's"
@@ -125,6 +146,7 @@ class CheckpointCallback(Callback):
     def __init__(self, 
                  fname='ckpt', # directory in `learn.path/learn.model_dir`
                  every_epoch=1, # save after every `every_epoch` epochs
+                 every_iters=None, # also save every `every_iters` training batches within an epoch
                  keep=2, # how many checkpoints to keep
                  resume=True, # start from the latest complete checkpoint, if there is one
                  scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
@@ -132,13 +154,14 @@ class CheckpointCallback(Callback):
                  async_save=False): # training waits only for a copy in host memory; the write happens in the background
         check_scope(scope)
         store_attr()
-        self.resumed_from,self.fit_no,self.epochs_before = None,-1,0
+        self.resumed_from,self.fit_no,self.epochs_before,self.within = None,-1,0,None
 
     @property
     def root(self): return Path(self.learn.path)/self.learn.model_dir/self.fname
 
     def before_fit(self):
         "Resume this fit from the latest complete checkpoint, or skip it if a later fit's checkpoint exists"
+        self.within = None
         if hasattr(self.learn, 'lr_finder'): return
         if self.fit_no >= 0: self.epochs_before += self.n_epochs_last
         self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
@@ -153,7 +176,8 @@ class CheckpointCallback(Callback):
         self._restore(self.root/name)
         self.resumed_from = name
         at = self.learn.resume_epoch
-        _say(f"fit {self.fit_no} resumed from {name}: " + (f"epoch {at} of {self.n_epoch}" if at < self.n_epoch else
+        batch = f", batch {self.within[0]} of {len(self.dls.train)}" if self.within else ''
+        _say(f"fit {self.fit_no} resumed from {name}: " + (f"epoch {at} of {self.n_epoch}{batch}" if at < self.n_epoch else
              "it had finished or stopped early; nothing left to train"))
         mbar = getattr(getattr(self.learn, 'progress', None), 'mbar', None)
         if mbar is not None: mbar.update(0) # start the epoch bar's clock: it will be moved to the resumed epoch
@@ -171,10 +195,32 @@ class CheckpointCallback(Callback):
             raise CheckpointError(f"resume {ckpt}: it was saved with the callbacks {[n for n,_ in state['callbacks']]}; "
                                   f"this fit has {[type(cb).__name__ for cb in mine]}: run it with the same callbacks")
         for cb,(_,st) in zip(mine, state['callbacks']): load_callback_state(cb, st)
-        for dl,st in zip(_inner_dls(self.learn), state['dl_rng']): dl.rng.setstate(st)
         self.learn.train_iter = state['train_iter']
+        if state.get('iter'): # within an epoch: it goes on at its next batch, from `before_train`
+            self.learn.resume_epoch = state['epoch']
+            self.within = (state['iter'], state['epoch_dl_rng'], rngs[rank_distrib()], state['pct_train'], state['train_mets'])
+            return
+        for dl,st in zip(_inner_dls(self.learn), state['dl_rng']): dl.rng.setstate(st)
         self.learn.resume_epoch = self.n_epoch if state.get('stopped') else state['epoch'] # stopped early: done
         set_rng_state(rngs[rank_distrib()])
+
+    def before_train(self):
+        "Note the DataLoaders' shuffling state as the epoch starts; in an epoch resumed within, go on at its next batch"
+        if self.within: self._resume_within_epoch(*self.within); self.within = None
+        self.epoch_dl_rng = [dl.rng.getstate() for dl in _inner_dls(self.learn)]
+
+    def _resume_within_epoch(self, done, dl_rng, rng, pct_train, train_mets):
+        "The epoch's shuffle as it started, its first `done` batches skipped; the schedule and metrics where they were"
+        for dl,st in zip(_inner_dls(self.learn), dl_rng): dl.rng.setstate(st)
+        self.learn.dl.resume_at = (done, rng)
+        self.learn.resume_iter,self.learn.pct_train = done,pct_train
+        for m,st in zip(self.learn.recorder._train_mets[1:], train_mets): m.__dict__.update(st)
+        if self.learn.dl.fake_l.num_workers: set_rng_state(rng)  # not in `sample`, which runs in the workers
+
+    def after_batch(self):
+        "Save every `every_iters` training batches, but after an epoch's last (the epoch's own checkpoint follows)"
+        if self.training and self.every_iters and (self.iter+1) % self.every_iters == 0 and self.iter+1 < self.n_iter:
+            self._save(within=True)
 
     def after_epoch(self):
         "Save a checkpoint after every `every_epoch` epochs"
@@ -186,17 +232,20 @@ class CheckpointCallback(Callback):
         # Any other cancellation (a time budget, a signal) leaves the fit to be resumed
         if len(self.learn.recorder.values) == self.epoch+1 and _stopped_early(self.learn): self._save(stopped=True)
 
-    def _state(self, stopped):
+    def _state(self, stopped, within):
         rec = self.learn.recorder
-        return dict(model=_model_state(self.learn.model, self.learn.opt, True), epoch=self.epoch+1, fit=self.fit_no, stopped=stopped,
+        return dict(model=_model_state(self.learn.model, self.learn.opt, True), fit=self.fit_no, stopped=stopped,
+                    epoch=self.epoch if within else self.epoch+1, iter=self.iter+1 if within else 0, # done in it
+                    pct_train=self.learn.pct_train, epoch_dl_rng=self.epoch_dl_rng,
+                    train_mets=[{k: getattr(m, k) for k in _metric_attrs if hasattr(m, k)} for m in rec._train_mets[1:]],
                     train_iter=self.learn.train_iter, values=[list(v) for v in rec.values], losses=[float(l) for l in rec.losses],
                     lrs=list(rec.lrs), iters=list(rec.iters), smooth_count=rec.smooth_loss.count,
                     smooth_loss=float(rec.smooth_loss.val), # the train_loss fastai shows
                     callbacks=_callback_states(self.learn),
                     dl_rng=[dl.rng.getstate() for dl in _inner_dls(self.learn)])
 
-    def _save(self, stopped=False):
-        state,rngs = self._state(stopped),exchange(get_rng_state(), 'CheckpointCallback rng')
+    def _save(self, stopped=False, within=False):
+        state,rngs = self._state(stopped, within),exchange(get_rng_state(), 'CheckpointCallback rng')
         if self.async_save: state = stage_for_save(state, self.scope)
         if is_main_process(self.scope): self.root.mkdir(parents=True, exist_ok=True) # where `latest` is written
         save_on_main(self.root/'latest', partial(self._commit, state, rngs), self.scope, self.durable,
@@ -206,7 +255,7 @@ class CheckpointCallback(Callback):
         "On the main process: the checkpoint's files, then its manifest, then the `latest` pointer; then rotation"
         other = replaced_since_written(self.root/'latest')
         if other: raise CheckpointError(f"{other} (checkpoints of two runs would mix in {self.root})")
-        name = f"epoch_{self.epochs_before + state['epoch']:04d}"
+        name = f"epoch_{self.epochs_before + state['epoch']:04d}" + (f"_iter_{state['iter']:06d}" if state['iter'] else '')
         ckpt = self.root/name
         if ckpt.exists(): shutil.rmtree(ckpt) # an incomplete one from a killed run
         ckpt.mkdir(parents=True)

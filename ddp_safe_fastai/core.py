@@ -160,28 +160,46 @@ def _set_chunked(store, key, data):
     store.set(key, str(len(parts)))
     return len(parts)
 
-def _get_chunked(store, key):
-    "The bytes that `_set_chunked` put under `key`"
-    return b''.join(store.multi_get([f"{key}/{j}" for j in range(int(store.get(key)))]))
+@contextmanager
+def _waiting_up_to(store, timeout):
+    "Inside, a read of a key that is not there yet waits for it up to `timeout` seconds"
+    old = store.timeout
+    store.set_timeout(timedelta(seconds=timeout))
+    try: yield
+    finally: store.set_timeout(old)
+
+def _get_chunked(store, key, timeout):
+    "The bytes that `_set_chunked` put under `key`, once there: one request when they fit in one piece"
+    with _waiting_up_to(store, timeout): n,first = store.multi_get([key, f"{key}/0"])
+    return b''.join([first, *store.multi_get([f"{key}/{j}" for j in range(1, int(n))])]) if int(n) > 1 else first
 
 def _gather(store, meeting, n, what, timeout):
-    "On rank 0: once every rank has come, publish all their data as one value; else publish why not"
+    "On rank 0: once every rank has come, publish all their data as one value, else why not; (pieces, verdict)"
+    keys = [f"{meeting}/{j}" for j in range(n)]
     try:
-        store.wait([f"{meeting}/full"], timedelta(seconds=timeout))
-        verdict = (None, store.multi_get([f"{meeting}/{j}" for j in range(n)]))
+        store.wait(keys, timedelta(seconds=timeout))
+        verdict = (None, store.multi_get(keys))
     except Exception: verdict = (_absent(store, meeting, n, what, timeout), None)
-    return _set_chunked(store, f"{meeting}/all", pickle.dumps(verdict))
+    chunks = _set_chunked(store, f"{meeting}/all", pickle.dumps(verdict))
+    if verdict[1]: # read: the ranks' keys can go (here, rather than one more message from each rank)
+        for k in keys[1:]: store.delete_key(k)
+    return chunks,verdict
+
+def _raise_failure(verdict, r):
+    "The data of a meeting's `verdict`, or its failure raised on rank `r`"
+    failure,data = verdict
+    if failure: raise DistributedTimeoutError(f"{failure}; raised on rank {r})")
+    return data
 
 def _verdict(store, meeting, r, n, what, timeout):
     "Every rank's data at `meeting`, as rank 0 published it; rank 0's failure, or rank 0's absence, raised"
-    try: store.wait([f"{meeting}/all"], timedelta(seconds=timeout))
+    try: return _raise_failure(pickle.loads(_get_chunked(store, f"{meeting}/all", timeout)), r)
+    except DistributedTimeoutError: raise
     except Exception as e:
         if not _came(store, meeting, 0):
             raise DistributedTimeoutError(f"{_absent(store, meeting, n, what, timeout)}; raised on rank {r})") from e
-        store.wait([f"{meeting}/all"], timedelta(seconds=timeout)) # rank 0 came later: it decides by its own timeout
-    failure,data = pickle.loads(_get_chunked(store, f"{meeting}/all"))
-    if failure: raise DistributedTimeoutError(f"{failure}; raised on rank {r})")
-    return data
+    # rank 0 came later than this rank: it decides, by its own timeout
+    return _raise_failure(pickle.loads(_get_chunked(store, f"{meeting}/all", timeout)), r)
 
 def _clear(store, meeting, n, chunks, failed, timeout):
     "On rank 0, once every rank that came has read `meeting`: remove its keys, so that a failed one can be held again"
@@ -190,7 +208,7 @@ def _clear(store, meeting, n, chunks, failed, timeout):
     came = [j for j in range(1, n) if _came(store, meeting, j)] if failed else []
     marks = [f"{meeting}/{j}/gave_up" for j in came] if failed else [f"{meeting}/all_left"] if n > 1 else []
     with suppress(Exception): store.wait(marks, timedelta(seconds=timeout)) # else a rank died
-    for k in ('0', 'here', 'full', 'all', *[f"all/{j}" for j in range(chunks)], 'left', 'all_left', *[f"{j}/gave_up" for j in came]):
+    for k in ('0', 'all', *[f"all/{j}" for j in range(chunks)], 'left', 'all_left', *[f"{j}/gave_up" for j in came]):
         store.delete_key(f"{meeting}/{k}")
 
 def meet(store, # the store every rank reaches (the process group's)
@@ -200,20 +218,16 @@ def meet(store, # the store every rank reaches (the process group's)
          what='meeting', # the operation, for messages
          timeout=1800.): # seconds to wait for the other ranks
     "Publish `data` as rank `r` and return every rank's data in rank order: rank 0 gathers, each rank reads once"
-    store.set(f"ddp_safe/at/{r}", what)
-    store.set(f"{meeting}/{r}", data)
-    if store.add(f"{meeting}/here", 1) == n: store.set(f"{meeting}/full", '')
-    chunks = _gather(store, meeting, n, what, timeout) if r == 0 else 0
-    try: res = _verdict(store, meeting, r, n, what, timeout)
+    store.multi_set([f"ddp_safe/at/{r}", f"{meeting}/{r}"], [what, data])
+    chunks,verdict = _gather(store, meeting, n, what, timeout) if r == 0 else (0, None)
+    try: res = _raise_failure(verdict, r) if r == 0 else _verdict(store, meeting, r, n, what, timeout)
     except DistributedTimeoutError:
         if r == 0: _clear(store, meeting, n, chunks, True, timeout)
         else: # taken back, so that the meeting can be held again; the marker, last, says that this rank came
-            store.delete_key(f"{meeting}/{r}"); store.add(f"{meeting}/here", -1); store.set(f"{meeting}/{r}/gave_up", '')
+            store.delete_key(f"{meeting}/{r}"); store.set(f"{meeting}/{r}/gave_up", '')
         raise
     if r == 0: _clear(store, meeting, n, chunks, False, timeout)
-    else:
-        store.delete_key(f"{meeting}/{r}")
-        if store.add(f"{meeting}/left", 1) == n-1: store.set(f"{meeting}/all_left", '')
+    elif store.add(f"{meeting}/left", 1) == n-1: store.set(f"{meeting}/all_left", '')
     return res
 
 _max_value = 8*2**20 - 2**12  # the most a `TCPStore` message carries (8 MiB), less room for the key

@@ -401,3 +401,21 @@ def buffers(root):
     buf = io.BytesIO(); learn.save(buf); buf.seek(0)
     _fill(learn, 0.); learn.load(buf)
     return dict(value=_value(learn), files=sorted(p.name for p in Path(root).rglob('*')))
+
+class Noise(Callback):
+    "Random augmentation: noise on every training batch, from this rank's torch RNG"
+    def before_batch(self):
+        if self.training: self.learn.xb = (self.xb[0] + 0.1*torch.randn_like(self.xb[0]),)
+
+def resume_within_epoch(root, every_iters=3):
+    "Dropout, noise, one-cycle; a checkpoint every `every_iters` batches too: resumes if a checkpoint exists"
+    import hashlib, fastai.callback.schedule
+    learn = synth_learner(n=256, path=Path(root), seed=2)
+    nn = torch.nn
+    learn.model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
+    ckpt = CheckpointCallback(every_iters=every_iters)
+    with learn.distrib_ctx(): learn.fit_one_cycle(3, 0.02, cbs=[ckpt, Noise()])
+    h = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
+    rec = learn.recorder
+    return dict(sha=h, resumed_from=ckpt.resumed_from, losses=[float(l) for l in rec.losses], lrs=list(map(float, rec.lrs)),
+                values=[list(map(float, v)) for v in rec.values])

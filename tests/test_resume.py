@@ -54,3 +54,18 @@ def test_resume_matrix(cbset):
     sys.path.insert(0, str(Path(__file__).parent.parent/'benchmarks'))
     import resume_matrix
     assert resume_matrix.main(['--trials', '1', '--set', cbset, '--seed', '1']) == 0
+
+def _within_epoch(root, name):
+    "True once `latest` names the checkpoint `name`, taken inside an epoch"
+    return lambda: (Path(root)/'models/ckpt/latest').is_file() and (Path(root)/'models/ckpt/latest').read_text() == name
+
+@pytest.mark.parametrize('at', ['epoch_0001_iter_000006', 'epoch_0002_iter_000003'])
+def test_killed_within_an_epoch_resumes_at_its_next_batch(tmp_path, at):
+    "Issue 14: checkpoints every 3 batches; every process killed once one inside an epoch is complete: bitwise the same"
+    full = values(torchrun_ranks(s.resume_within_epoch, str(tmp_path/'full'), init=False, timeout=300))
+    assert full[0]['sha'] == full[1]['sha'] and full[0]['resumed_from'] is None
+    assert torchrun_ranks(s.resume_within_epoch, str(tmp_path/'cut'), init=False, timeout=300,
+                          kill_when=_within_epoch(tmp_path/'cut', at)) is None
+    res = values(torchrun_ranks(s.resume_within_epoch, str(tmp_path/'cut'), init=False, timeout=300))
+    assert res[0]['resumed_from'] == at
+    for r,f in zip(res, full): assert r == {**f, 'resumed_from': at}  # weights, losses, learning rates, metrics
