@@ -4,7 +4,7 @@
 
 # %% ../nbs/40_checkpoint.ipynb #b0a19e44
 from __future__ import annotations
-import os, json, random, hashlib, shutil
+import os, json, math, time, random, select, signal, hashlib, shutil, threading
 from functools import partial
 from pathlib import Path
 import numpy as np, torch
@@ -14,6 +14,7 @@ from fastai.callback.core import Callback
 from fastai.learner import Learner, CancelEpochException
 from fastai.data.load import DataLoader
 from .core import *
+from .core import _pg_ready, _store
 from .persist import *
 from .learner import _model_state, _apply_model_state
 from .distributed import fastai_original, fastai_defaults_kept
@@ -23,8 +24,8 @@ with fastai_defaults_kept():
     from fastai.callback.fp16 import MixedPrecision
 
 # %% auto #0
-__all__ = ['get_rng_state', 'set_rng_state', 'write_manifest', 'is_complete', 'latest_complete', 'checkpoint_fit',
-           'callback_state', 'load_callback_state', 'CheckpointCallback']
+__all__ = ['PREEMPTED', 'get_rng_state', 'set_rng_state', 'write_manifest', 'is_complete', 'latest_complete', 'checkpoint_fit',
+           'SignalWatch', 'callback_state', 'load_callback_state', 'CheckpointCallback']
 
 # %% ../nbs/40_checkpoint.ipynb #9c35c848
 def get_rng_state():
@@ -101,6 +102,71 @@ def sample(self:DataLoader):
     if rng is not None and self.fake_l.num_workers == 0: set_rng_state(rng)  # after the pass drew its seed
     return _fastai_sample(self)
 
+# %% ../nbs/40_checkpoint.ipynb #8bbf486b
+def _in_fit(frame):
+    "Is `frame` inside a `Learner` fit?"
+    while frame is not None:
+        if frame.f_code is _fastai_do_fit.__code__ or frame.f_code.co_name == '_do_fit': return True
+        frame = frame.f_back
+    return False
+
+PREEMPTED = 75  # exit status of a run that a signal stopped after its checkpoint (sysexits' EX_TEMPFAIL: try again)
+_stop_signals = (signal.SIGTERM, signal.SIGUSR1)
+
+class SignalWatch:
+    "During a fit: SIGTERM/SIGUSR1 on any rank makes every rank agree, through the store, on a batch to stop after"
+    def __init__(self, learn, key, poll=0.02, ahead=0.1):
+        store_attr('learn,key,poll,ahead')
+        self.signum,self.stop_at,self.last,self.batch_time = None,None,time.monotonic(),None
+        self.old = {s: signal.signal(s, self._note) for s in _stop_signals}
+        self.rfd,self.wfd = os.pipe()
+        os.set_blocking(self.wfd, False)
+        self.old_fd = signal.set_wakeup_fd(self.wfd)  # the C handler writes here even while Python code cannot run
+        self.store = _store().clone() if _pg_ready() else None # a connection of its own
+        self.thread = threading.Thread(target=self._watch, daemon=True, name='ddp_safe_signals')
+        self.thread.start()
+
+    def _note(self, signum, frame):
+        "In a fit, note the signal; outside one (the fit raised and never closed this watch), do what it did before"
+        if _in_fit(frame): self.signum = signum; return
+        self.close()
+        signal.raise_signal(signum)
+
+    def batch_done(self):
+        "Called after every training batch: the time a batch takes, and that the process is alive"
+        now = time.monotonic()
+        self.batch_time = now - self.last if self.batch_time is None else 0.9*self.batch_time + 0.1*(now - self.last)
+        self.last = now
+
+    def _propose(self):
+        "The batch to stop after: far enough ahead for every rank to know before getting there; the first proposal wins"
+        ahead = 2 + math.ceil(self.ahead / max(self.batch_time or self.ahead, 1e-4))
+        mine = str(self.learn.train_iter + ahead)
+        return int(self.store.compare_set(self.key, '', mine)) if self.store else int(mine)
+
+    def _watch(self):
+        "Wait for a signal or another rank's proposal; once stopping, end the process if it makes no progress"
+        timeout = float(os.environ.get('DDP_SAFE_STOP_TIMEOUT', 20))
+        while self.rfd is not None:
+            ready,_,_ = select.select([self.rfd], [], [], self.poll)
+            got = [b for b in (os.read(self.rfd, 64) if ready else b'') if b in _stop_signals]
+            if got and self.signum is None: self.signum = got[0]
+            if self.stop_at is None:
+                if self.signum is not None: self.stop_at = self._propose()
+                elif self.store is not None and self.store.check([self.key]): self.stop_at = int(self.store.get(self.key))
+            if self.stop_at is not None and time.monotonic() - self.last > timeout:
+                print(f"CheckpointCallback: no progress {timeout:g}s after the stop was agreed: exiting", flush=True)
+                os._exit(128 + (self.signum or signal.SIGTERM))
+
+    def close(self):
+        "Give back the signals and the wakeup descriptor"
+        if self.rfd is None: return
+        signal.set_wakeup_fd(self.old_fd)
+        for s,h in self.old.items(): signal.signal(s, h)
+        rfd,self.rfd = self.rfd,None
+        self.thread.join()
+        os.close(rfd); os.close(self.wfd)
+
 # %% ../nbs/40_checkpoint.ipynb #2ac4723c
 def _inner_dls(learn):
     "The DataLoaders being trained on, unwrapped from `DistributedDL`"
@@ -147,6 +213,7 @@ class CheckpointCallback(Callback):
                  fname='ckpt', # directory in `learn.path/learn.model_dir`
                  every_epoch=1, # save after every `every_epoch` epochs
                  every_iters=None, # also save every `every_iters` training batches within an epoch
+                 stop_on_signal=True, # SIGTERM or SIGUSR1 during the fit: every rank checkpoints one same batch and exits
                  keep=2, # how many checkpoints to keep
                  resume=True, # start from the latest complete checkpoint, if there is one
                  scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
@@ -154,7 +221,7 @@ class CheckpointCallback(Callback):
                  async_save=False): # training waits only for a copy in host memory; the write happens in the background
         check_scope(scope)
         store_attr()
-        self.resumed_from,self.fit_no,self.epochs_before,self.within = None,-1,0,None
+        self.resumed_from,self.fit_no,self.epochs_before,self.within,self.watch = None,-1,0,None,None
 
     @property
     def root(self): return Path(self.learn.path)/self.learn.model_dir/self.fname
@@ -163,8 +230,11 @@ class CheckpointCallback(Callback):
         "Resume this fit from the latest complete checkpoint, or skip it if a later fit's checkpoint exists"
         self.within = None
         if hasattr(self.learn, 'lr_finder'): return
+        if self.watch: self.watch.close() # a fit that raised left it open
         if self.fit_no >= 0: self.epochs_before += self.n_epochs_last
         self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
+        if self.stop_on_signal and threading.current_thread() is threading.main_thread():
+            self.watch = SignalWatch(self.learn, f"{run_prefix()}/stop/{self.fit_no}")
         if not self.resume: return
         found = latest_complete(self.root) if is_main_process(self.scope) else None
         name,fit = broadcast_object((found.name, checkpoint_fit(found)) if found else (None, -1), what='CheckpointCallback resume')
@@ -218,9 +288,21 @@ class CheckpointCallback(Callback):
         if self.learn.dl.fake_l.num_workers: set_rng_state(rng)  # not in `sample`, which runs in the workers
 
     def after_batch(self):
-        "Save every `every_iters` training batches, but after an epoch's last (the epoch's own checkpoint follows)"
-        if self.training and self.every_iters and (self.iter+1) % self.every_iters == 0 and self.iter+1 < self.n_iter:
-            self._save(within=True)
+        "Stop here if the ranks agreed to; save every `every_iters` training batches, but after an epoch's last"
+        if not self.training: return
+        if self.watch:
+            self.watch.batch_done()
+            if self.watch.stop_at is not None and self.learn.train_iter >= self.watch.stop_at: return self._stop()
+        if self.every_iters and (self.iter+1) % self.every_iters == 0 and self.iter+1 < self.n_iter: self._save(within=True)
+
+    def _stop(self):
+        "Checkpoint after this batch on every rank, then exit with `PREEMPTED`"
+        self._save(within=True)  # after an epoch's last batch too: the resumed epoch then only validates
+        flush_saves()
+        how = signal.Signals(self.watch.signum).name if self.watch.signum else 'a signal to another rank'
+        _say(f"{how}: every rank stopped after batch {self.iter+1} of epoch {self.epoch}, checkpoint saved; "
+             f"exit status {PREEMPTED}: run the same command to resume")
+        raise SystemExit(PREEMPTED)
 
     def after_epoch(self):
         "Save a checkpoint after every `every_epoch` epochs"
@@ -273,5 +355,6 @@ class CheckpointCallback(Callback):
             if c.name not in keep: shutil.rmtree(c, ignore_errors=True)
 
     def after_fit(self):
-        "Finish the background writes"
+        "Finish the background writes; give the signals back"
+        if self.watch: self.watch.close(); self.watch = None
         flush_saves()

@@ -173,8 +173,11 @@ def stage_for_save(obj, # the state an asynchronous save will write
 _written = {}  # on a writer: file -> the identity of the file this process last wrote there
 
 def _identity(file):
-    "What tells one version of `file` from another: every atomic write makes a new file (device, inode)"
-    with suppress(OSError): return (os.stat(file).st_dev, os.stat(file).st_ino)
+    "What tells one version of `file` from another: every atomic write makes a new file, with its own times"
+    # the inode alone is not enough: a file made after ours was replaced may get our file's freed inode number
+    with suppress(OSError):
+        st = os.stat(file)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 def replaced_since_written(file):
     "On the writer: None if `file` is what this process last wrote there (or it never wrote it); else what happened"

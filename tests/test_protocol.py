@@ -17,5 +17,8 @@ def test_issue_cases(tmp_path):
     progs = [[('save', 'a', 'local', (0, 0)), ('save', 'a', 'all', (0, 0))],
              [('save', 'a', 'main', (0, 0)), ('save_full', 'a', 'all', (0, 0))],
              [('save', 'a', 'main', (0, .1)), ('save_full', 'a', 'all', (0, 0)), ('load', 'a', 'all', (0, 0))],
-             [('save', 'a', 'all', (0, 0)), ('other_run', 'a', 'main', (0, 0)), ('reload', 'a', 'all', (0, 0))]]
+             [('save', 'a', 'all', (0, 0)), ('other_run', 'a', 'main', (0, 0)), ('reload', 'a', 'all', (0, 0))],
+             # found by the stress run: the second other run's file took the inode number our first file had
+             [('save', 'a', 'main', (0, 0)), ('other_run', 'a', 'main', (0, 0)), ('other_run', 'a', 'main', (0, 0)),
+              ('reload', 'a', 'all', (0, 0))]]
     assert pm.check(progs, 2, tmp_path) == [[]]*len(progs)

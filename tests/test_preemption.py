@@ -1,0 +1,82 @@
+"Issue 14: a run that survives its cluster: SIGTERM to torchrun, a worker killed under --max-restarts"
+import os, sys, json, time, signal, subprocess
+from pathlib import Path
+import pytest
+from ddp_safe_fastai.testing import free_port, kill_tree
+
+SCRIPT = str(Path(__file__).parent/'preempt_script.py')
+
+def torchrun(root, *args, restarts=0):
+    "Start the user's script under torchrun on 2 ranks; the Popen"
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_addr', '127.0.0.1',
+           '--master_port', str(free_port()), *(['--max-restarts', str(restarts)] if restarts else []), SCRIPT, str(root), *map(str, args)]
+    root.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(cmd, stdout=open(root.parent/f"{root.name}.log", 'a'), stderr=subprocess.STDOUT, start_new_session=True)
+
+def finish(p, timeout=240):
+    "Wait for `p`; kill it and fail, saying so, if it runs past `timeout`"
+    try: return p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        kill_tree(p.pid); pytest.fail(f"torchrun still running after {timeout}s")
+
+def results(root): return [json.loads((root/f"result{r}.json").read_text()) for r in range(2)]
+
+def when(cond, timeout=120):
+    end = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < end, 'the run never got there'
+        time.sleep(0.01)
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+    root = tmp_path_factory.mktemp('full')/'run'
+    assert finish(torchrun(root)) == 0
+    res = results(root)
+    assert res[0]['sha'] == res[1]['sha'] and res[0]['resumed_from'] is None
+    return res[0]['sha']
+
+def _started(root):
+    return lambda: (root/'models/ckpt/latest').is_file()
+
+@pytest.mark.parametrize('delay', [0.1, 0.7])
+def test_sigterm_to_torchrun_stops_and_resumes(uninterrupted, tmp_path, delay):
+    root = tmp_path/'run'
+    p = torchrun(root)
+    when(_started(root)); time.sleep(delay)
+    p.send_signal(signal.SIGTERM); t = time.monotonic()
+    finish(p)
+    stopped = time.monotonic() - t
+    log = (tmp_path/'run.log').read_text()
+    assert 'CheckpointCallback: SIGTERM: every rank stopped after batch' in log and 'exit status 75' in log, log[-2000:]
+    assert stopped < 10
+    latest = (root/'models/ckpt/latest').read_text()
+    assert '_iter_' in latest   # the checkpoint of the agreed batch, inside an epoch
+    assert finish(torchrun(root)) == 0
+    res = results(root)
+    assert res[0]['resumed_from'] == latest and res[0]['sha'] == res[1]['sha'] == uninterrupted
+
+def test_sigusr1_on_one_rank_stops_every_rank(uninterrupted, tmp_path):
+    "SLURM's --signal=USR1@90 reaches a rank's process: the other rank learns it through the store"
+    import psutil
+    root = tmp_path/'run'
+    p = torchrun(root)
+    when(_started(root))
+    workers = sorted(psutil.Process(p.pid).children(), key=lambda c: c.pid)
+    workers[-1].send_signal(signal.SIGUSR1)
+    finish(p)
+    log = (tmp_path/'run.log').read_text()
+    assert 'CheckpointCallback: SIGUSR1: every rank stopped' in log or 'a signal to another rank: every rank stopped' in log, log[-2000:]
+    assert finish(torchrun(root)) == 0
+    assert results(root)[0]['sha'] == uninterrupted
+
+def test_worker_killed_under_max_restarts_completes(uninterrupted, tmp_path):
+    "torchrun restarts the group; the run resumes from its latest complete checkpoint with no code of the user's"
+    import psutil
+    root = tmp_path/'run'
+    p = torchrun(root, 8, restarts=3)
+    when(lambda: (root/'models/ckpt/latest').is_file() and '_iter_000016' in (root/'models/ckpt/latest').read_text())
+    workers = sorted(psutil.Process(p.pid).children(), key=lambda c: c.pid)
+    workers[0].kill()
+    assert finish(p) == 0
+    res = results(root)
+    assert res[0]['resumed_from'] is not None and res[0]['sha'] == res[1]['sha'] == uninterrupted
