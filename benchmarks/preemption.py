@@ -36,7 +36,8 @@ def restart_trial(root, full, rng):
     time.sleep(rng.uniform(0, 1.5))
     victim = rng.choice(sorted(psutil.Process(p.pid).children(), key=lambda c: c.pid))
     victim.kill(); code = wait(p)
-    return code, results(root)[0]['resumed_from'], code == 0 and results(root)[0]['sha'] == results(root)[1]['sha'] == full
+    if code != 0: return code, None, False
+    return code, results(root)[0]['resumed_from'], results(root)[0]['sha'] == results(root)[1]['sha'] == full
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0]); ap.add_argument('--trials', type=int, default=10)

@@ -152,8 +152,10 @@ class SignalWatch:
             got = [b for b in (os.read(self.rfd, 64) if ready else b'') if b in _stop_signals]
             if got and self.signum is None: self.signum = got[0]
             if self.stop_at is None:
-                if self.signum is not None: self.stop_at = self._propose()
-                elif self.store is not None and self.store.check([self.key]): self.stop_at = int(self.store.get(self.key))
+                try:
+                    if self.signum is not None: self.stop_at = self._propose()
+                    elif self.store is not None and self.store.check([self.key]): self.stop_at = int(self.store.get(self.key))
+                except Exception: self.store = None  # the store is gone (torchrun stopped): this rank alone decides
             if self.stop_at is not None and time.monotonic() - self.last > timeout:
                 print(f"CheckpointCallback: no progress {timeout:g}s after the stop was agreed: exiting", flush=True)
                 os._exit(128 + (self.signum or signal.SIGTERM))
