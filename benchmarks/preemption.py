@@ -41,23 +41,24 @@ def restart_trial(root, full, rng):
 
 if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0]); ap.add_argument('--trials', type=int, default=10)
-    ap.add_argument('--seed', type=int, default=0); a = ap.parse_args()
+    ap.add_argument('--seed', type=int, default=0)
+    ap.add_argument('--parts', nargs='+', default=['sigterm', 'restart', 'cost']); a = ap.parse_args()
     rng = random.Random(a.seed)
     with tempfile.TemporaryDirectory() as d:
         d = Path(d)
         run_time(d/'full'); full = results(d/'full')[0]['sha']
-        rows = [sigterm_trial(d/f"term{i}", full, rng) for i in range(a.trials)]
-        stops = sorted(s for s,_,_ in rows)
-        print(f"SIGTERM to torchrun, {a.trials} random moments: stopped in {stops[0]:.2f}-{stops[-1]:.2f} s "
+        rows = [sigterm_trial(d/f"term{i}", full, rng) for i in range(a.trials if 'sigterm' in a.parts else 0)]
+        if rows: stops = sorted(s for s,_,_ in rows)
+        if rows: print(f"SIGTERM to torchrun, {a.trials} random moments: stopped in {stops[0]:.2f}-{stops[-1]:.2f} s "
               f"(median {statistics.median(stops):.2f} s); checkpoints {[at for _,at,_ in rows]}; "
               f"re-run bitwise equal: {sum(ok for _,_,ok in rows)}/{a.trials}")
-        rows = [restart_trial(d/f"kill{i}", full, rng) for i in range(a.trials)]
-        print(f"one worker SIGKILLed under --max-restarts 3, {a.trials} random moments: completed by itself "
+        rows = [restart_trial(d/f"kill{i}", full, rng) for i in range(a.trials if 'restart' in a.parts else 0)]
+        if rows: print(f"one worker SIGKILLed under --max-restarts 3, {a.trials} random moments: completed by itself "
               f"{sum(c == 0 for c,_,_ in rows)}/{a.trials}, resumed from {[r for _,r,_ in rows]}, bitwise equal "
               f"{sum(ok for _,_,ok in rows)}/{a.trials}")
         per = {}
         for name,args in [('checkpoints per epoch, no signal watch', (0, 0, 0)), ('with the signal watch', (0, 1, 0)),
                           ('and checkpoints every 8 batches', (8, 1, 0))]:
-            per[name] = min(run_time(d/f"cost{name[:5]}{k}", *args) and results(d/f"cost{name[:5]}{k}")[0]['seconds'] for k in range(3))
-        base = per['checkpoints per epoch, no signal watch']
-        print('cost (3 epochs of 32 batches, fastest of 3 runs): ' + '; '.join(f"{k}: {v:.2f} s ({v/base:.3f}x)" for k,v in per.items()))
+            if 'cost' in a.parts: per[name] = min(run_time(d/f"cost{name[:5]}{k}", *args) and results(d/f"cost{name[:5]}{k}")[0]['seconds'] for k in range(3))
+        if per: base = per['checkpoints per epoch, no signal watch']
+        if per: print('cost (3 epochs of 32 batches, fastest of 3 runs): ' + '; '.join(f"{k}: {v:.2f} s ({v/base:.3f}x)" for k,v in per.items()))

@@ -129,11 +129,23 @@ def _launched_without_group():
     return (not _local_mode and dist.is_available() and not dist.is_initialized() and num_distrib() > 1
             and {'MASTER_ADDR', 'MASTER_PORT'} <= set(os.environ))
 
+def _init_restarted_group(timeout):
+    "After a restart by `torchrun --max-restarts`, join the group through keys of this attempt alone"
+    # the launcher's store outlives the attempt: gloo, joining through the same keys, was seen to read a dead
+    # worker's address from them and fail with "Connection refused"
+    attempt = int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0))
+    if not attempt: return
+    client = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), is_master=False, timeout=timeout)
+    dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo', store=dist.PrefixStore(f"attempt_{attempt}", client),
+                            rank=int(os.environ['RANK']), world_size=int(os.environ['WORLD_SIZE']), timeout=timeout)
+
 def join_launched_group(timeout=None): # seconds to wait for the other ranks to join
     "Is there a process group to meet through? Under a launcher, join its group first, as fastai's `distrib_ctx` would"
     if _launched_without_group():
         from accelerate import PartialState
-        PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(seconds=distrib_timeout(timeout)))
+        timeout = timedelta(seconds=distrib_timeout(timeout))
+        _init_restarted_group(timeout)
+        PartialState(cpu=not torch.cuda.is_available(), timeout=timeout)
     return _pg_ready()
 
 # %% ../nbs/00_core.ipynb #932c8df9

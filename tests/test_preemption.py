@@ -1,4 +1,4 @@
-"Issue 14: a run that survives its cluster: SIGTERM to torchrun, SIGUSR1 to one rank"
+"Issue 14: a run that survives its cluster: SIGTERM to torchrun, SIGUSR1 to one rank, a worker killed under --max-restarts"
 import os, sys, json, time, signal, subprocess
 from pathlib import Path
 import pytest
@@ -68,3 +68,15 @@ def test_sigusr1_on_one_rank_stops_every_rank(uninterrupted, tmp_path):
     assert 'CheckpointCallback: SIGUSR1: every rank stopped' in log or 'a signal to another rank: every rank stopped' in log, log[-2000:]
     assert finish(torchrun(root)) == 0
     assert results(root)[0]['sha'] == uninterrupted
+
+@pytest.mark.parametrize('victim', [0, 1])
+def test_worker_killed_under_max_restarts_completes(uninterrupted, tmp_path, victim):
+    "torchrun restarts the group; the run resumes from its latest complete checkpoint with no code of the user's"
+    import psutil
+    root = tmp_path/'run'
+    p = torchrun(root, 8, restarts=3)
+    when(lambda: (root/'models/ckpt/latest').is_file() and '_iter_000016' in (root/'models/ckpt/latest').read_text())
+    sorted(psutil.Process(p.pid).children(), key=lambda c: c.pid)[victim].kill()
+    assert finish(p) == 0
+    res = results(root)
+    assert res[0]['resumed_from'] is not None and res[0]['sha'] == res[1]['sha'] == uninterrupted
