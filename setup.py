@@ -21,7 +21,7 @@ setuptools.setup(
     extras_require={'dev': cfg.get('dev_requirements', '').split()},
     entry_points={'console_scripts': scripts, 'nbdev': [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"]},
     classifiers=['Topic :: Software Development :: Build Tools', 'Intended Audience :: Developers',
-                 f"Development Status :: {cfg['status']} - {statuses[int(cfg['status'])]}",
+                 f"Development Status :: {cfg['status']} - {statuses[int(cfg['status'])-1]}",
                  'Natural Language :: English']
                 + [f'Programming Language :: Python :: {v}' for v in py_versions],
 )

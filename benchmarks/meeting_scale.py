@@ -1,6 +1,6 @@
 """Cost of one meeting from 8 to 1024 simulated ranks: threads, each with its own client of one real `TCPStore`.
 `meet` (rank 0 gathers, every rank reads one value) against the all-to-all it replaced (every rank read every key)"""
-import sys, time, pickle, threading, argparse
+import time, pickle, threading, argparse
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path

@@ -22,7 +22,7 @@ def run_time(root, *args, extra=()):
     t = time.monotonic(); assert wait(torchrun(root, *args)) == 0; return time.monotonic() - t
 
 def sigterm_trial(root, full, rng):
-    p = torchrun(root); t0 = time.monotonic()
+    p = torchrun(root)
     while not (root/'models/ckpt/latest').is_file(): time.sleep(0.01)   # past the start-up: training is under way
     time.sleep(rng.uniform(0, 1.5))
     p.send_signal(signal.SIGTERM); t = time.monotonic(); wait(p); stopped = time.monotonic() - t

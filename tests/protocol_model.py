@@ -1,6 +1,6 @@
 """A model check of the save/load protocol: random programs of saves, loads, barriers, writer failures, other runs
 and delays, run on real gloo ranks; every call's outcome on every rank is compared with a small reference model"""
-import os, random, signal, resource, time
+import os, signal, resource, time
 from pathlib import Path
 import torch, torch.distributed as dist
 

@@ -1,5 +1,5 @@
 "Issue 14: a run that survives its cluster: SIGTERM to torchrun, SIGUSR1 to one rank, a worker killed under --max-restarts"
-import os, sys, json, time, signal, subprocess
+import sys, json, time, signal, subprocess
 from pathlib import Path
 import pytest
 from ddp_safe_fastai.testing import free_port, kill_tree
