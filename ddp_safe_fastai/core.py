@@ -16,9 +16,10 @@ except ImportError: fcntl = None  # Windows: no file locks
 # %% auto #0
 __all__ = ['CheckpointError', 'CheckpointNotFoundError', 'DistributedTimeoutError', 'rank_distrib', 'num_distrib', 'Topology',
            'topology', 'node_rank_distrib', 'local_rank_distrib', 'check_scope', 'is_main_process', 'rank_device',
-           'distrib_timeout', 'run_prefix', 'join_launched_group', 'meet', 'exchange', 'distrib_barrier',
-           'broadcast_object', 'sync_point', 'FileMissing', 'raise_failures', 'describe', 'local_io',
-           'main_process_first', 'prepare_dir', 'writer_of', 'atomic_write', 'atomic_torch_save']
+           'distrib_timeout', 'restart_attempt', 'run_prefix', 'join_launched_group', 'meet', 'exchange',
+           'distrib_barrier', 'broadcast_object', 'sync_point', 'FileMissing', 'error_for', 'raise_failures',
+           'describe', 'local_io', 'main_process_first', 'prepare_dir', 'writer_of', 'atomic_write',
+           'atomic_torch_save']
 
 # %% ../nbs/00_core.ipynb #2b32a525
 class CheckpointError(RuntimeError):
@@ -116,9 +117,13 @@ def distrib_timeout(timeout=None):
 
 def _store(): return dist.distributed_c10d._get_default_store()
 
+def restart_attempt():
+    "Which attempt of the run this is: 0, or how many times `torchrun --max-restarts` has restarted the workers"
+    return int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0))
+
 def run_prefix():
     "Prefix of this library's keys in the store: one per attempt, as the store outlives a restart by `torchrun --max-restarts`"
-    return f"ddp_safe/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    return f"ddp_safe/{restart_attempt()}"
 
 _meetings = {}  # name -> how many meetings of that name this process has been to
 _meetings_entered = 0  # meetings of any name: with the process group's collectives, where this process is in the run
@@ -133,7 +138,7 @@ def _init_restarted_group(timeout):
     "After a restart by `torchrun --max-restarts`, join the group through keys of this attempt alone"
     # the launcher's store outlives the attempt: gloo, joining through the same keys, was seen to read a dead
     # worker's address from them and fail with "Connection refused"
-    attempt = int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0))
+    attempt = restart_attempt()
     if not attempt: return
     client = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), is_master=False, timeout=timeout)
     dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo', store=dist.PrefixStore(f"attempt_{attempt}", client),
@@ -297,13 +302,16 @@ def sync_point(pg=None):
 class FileMissing(str):
     "A failure that is a missing file: `raise_failures` then raises a `CheckpointNotFoundError`"
 
+def error_for(failures, msg):
+    "The error `msg` for `failures`: a `CheckpointNotFoundError` if one is a `FileMissing`, else a `CheckpointError`"
+    return (CheckpointNotFoundError if any(isinstance(f, FileMissing) for f in failures) else CheckpointError)(msg)
+
 def raise_failures(failures, what):
     "Raise `CheckpointError` if any rank's entry in `failures` (one per rank, None for success) is a failure"
     bad = {r:f for r,f in enumerate(failures) if f is not None}
     if not bad: return
     msgs = list(dict.fromkeys(bad.values()))
-    cls = CheckpointNotFoundError if any(isinstance(f, FileMissing) for f in msgs) else CheckpointError
-    raise cls(f"{what}: failed on rank(s) {list(bad)}: " + ' | '.join(msgs))
+    raise error_for(msgs, f"{what}: failed on rank(s) {list(bad)}: " + ' | '.join(msgs))
 
 def describe(e:BaseException):
     "One line saying what `e` is"

@@ -254,9 +254,7 @@ def save_state(obj, file, scope='global', durable=True, timeout=None, async_save
 # %% ../nbs/01_persist.ipynb #4faccbe3
 def _truncated(file):
     "Is `file` a zip archive (torch's format) whose end is missing?"
-    try:
-        with open(file, 'rb') as f: return f.read(4) == b'PK\x03\x04' and not zipfile.is_zipfile(file)
-    except (OSError, TypeError): return False
+    return _mappable(file) and not zipfile.is_zipfile(file)
 
 def _why_unreadable(e, file=None):
     "What a failed read of a checkpoint means, in words, without the rank (ranks are listed beside it)"
@@ -352,7 +350,7 @@ def read_on_all(file, # the file to read
     if not _pg_ready():
         flush_saves(timeout)
         res,failure = _read(file, read)
-        if failure: raise (CheckpointNotFoundError if isinstance(failure, FileMissing) else CheckpointError)(f"{what} {file}: {failure}")
+        if failure: raise error_for([failure], f"{what} {file}: {failure}")
         return res
     # ranks meet by file name: on node-local disks the directory may differ from node to node
     meeting = f"{what} {file.name}"
