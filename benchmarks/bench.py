@@ -93,7 +93,7 @@ def other_libraries(root, size=100*MB, reps=3):
     from accelerate import Accelerator
     learn = learner_of(size, Path(root))
     acc = Accelerator(cpu=True)
-    model = acc.prepare(learn.model)
+    acc.prepare(learn.model)  # registers it for accelerate's save_state
     res = {}
     res['ddp_safe_fastai'] = (timed(lambda: learn.save('m', with_opt=False), reps), timed(lambda: learn.load('m', with_opt=False), reps))
     dist.barrier()

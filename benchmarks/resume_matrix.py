@@ -6,7 +6,7 @@ at, every callback's final state).
 
 Prints one row per callback set and exits 1 if any resumed run differs. Not part of the test suite (a few minutes);
 `tests/test_resume.py` runs one set of it."""
-import sys, json, time, random, hashlib, argparse, tempfile
+import sys, time, random, hashlib, argparse, tempfile
 from pathlib import Path
 import torch
 from fastai.basics import *

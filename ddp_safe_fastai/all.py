@@ -6,8 +6,9 @@
 __all__ = []
 
 # %% ../nbs/99_all.ipynb #6d42282d
-from . import core, persist, distributed, learner, text, callback, checkpoint
+from . import core, files, persist, distributed, learner, text, callback, checkpoint
 from .core import *
+from .files import *
 from .persist import *
 from .distributed import *
 from .learner import *
@@ -15,5 +16,5 @@ from .text import *
 from .callback import *
 from .checkpoint import *
 
-__all__ = [*core.__all__, *persist.__all__, *distributed.__all__, *learner.__all__, *text.__all__, *callback.__all__,
+__all__ = [*core.__all__, *files.__all__, *persist.__all__, *distributed.__all__, *learner.__all__, *text.__all__, *callback.__all__,
            *checkpoint.__all__]

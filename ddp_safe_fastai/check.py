@@ -11,9 +11,9 @@ from pathlib import Path
 import torch, torch.distributed as dist
 from fastcore.basics import *
 from .core import *
-from .core import _fsync
+from .files import *
 from .persist import *
-from .testing import spawn_ranks, RanksStalled
+from .launch import spawn_ranks, RanksStalled
 
 # %% auto #0
 __all__ = ['RACES', 'Idioms', 'Raised', 'Race', 'check_races', 'races_table', 'library_failed', 'check_dir', 'dir_report',
@@ -276,7 +276,7 @@ def _replace_seen_whole(d, n=200):
 def _fsync_ms(d):
     "Milliseconds an fsync of a 1 MB file and of its directory take; or what went wrong"
     f = d/'fsync.bin'; f.write_bytes(os.urandom(2**20))
-    try: return _ms(lambda: _fsync(f)), _ms(lambda: _fsync(d, directory=True, strict=True))  # a save lets it pass
+    try: return _ms(lambda: flush_to_disk(f)), _ms(lambda: flush_to_disk(d, directory=True, strict=True))  # a save lets it pass
     except OSError as e: return describe(e)
 
 def _ms(f):
@@ -340,7 +340,7 @@ def dir_report(rep):
             "| check | result |", "|---|---|",
             f"| shared by all ranks | {'yes' if rep['shared'] else 'NO: a scope=global load sends rank 0 bytes; or use scope=node'} |",
             f"| replace, atomic for readers | {_says_replace(rep)} |",
-            f"| fsync | " + (f"works: {fs[0]:.1f} ms for a 1 MB file, {fs[1]:.1f} ms for the directory" if isinstance(fs, tuple) else f"FAILS: {fs}") + " |",
+            "| fsync | " + (f"works: {fs[0]:.1f} ms for a 1 MB file, {fs[1]:.1f} ms for the directory" if isinstance(fs, tuple) else f"FAILS: {fs}") + " |",
             f"| barrier (median of 20) | {rep['barrier_ms']:.1f} ms |",
             f"| commit: durable save_state of a small state (median of 10) | {rep['commit_ms']:.1f} ms |",
             f"| write speed, 64 MB | plain write + fsync {rep['rates'][0]:,.0f} MB/s; atomic_torch_save {rep['rates'][1]:,.0f} MB/s "

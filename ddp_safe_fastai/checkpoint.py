@@ -14,9 +14,9 @@ from fastai.callback.core import Callback
 from fastai.learner import Learner, CancelEpochException
 from fastai.data.load import DataLoader
 from .core import *
-from .core import _pg_ready, _store
+from .files import *
 from .persist import *
-from .learner import _model_state, _apply_model_state
+from .learner import model_state, apply_model_state
 from .distributed import fastai_original, fastai_defaults_kept
 with fastai_defaults_kept():
     from fastai.callback.tracker import TrackerCallback, EarlyStoppingCallback
@@ -122,7 +122,7 @@ class SignalWatch:
         self.rfd,self.wfd = os.pipe()
         os.set_blocking(self.wfd, False)
         self.old_fd = signal.set_wakeup_fd(self.wfd)  # the C handler writes here even while Python code cannot run
-        self.store = _store().clone() if _pg_ready() else None # a connection of its own
+        self.store = group_store().clone() if group_ready() else None # a connection of its own
         self.thread = threading.Thread(target=self._watch, daemon=True, name='ddp_safe_signals')
         self.thread.start()
 
@@ -257,7 +257,7 @@ class CheckpointCallback(Callback):
     def _restore(self, ckpt):
         state = load_state(ckpt/'state.pth', 'cpu', what='resume', scope=self.scope)
         rngs = load_state(ckpt/'rng.pth', 'cpu', what='resume', scope=self.scope)
-        _apply_model_state(state['model'], self.learn.model, self.learn.opt)
+        apply_model_state(state['model'], self.learn.model, self.learn.opt)
         rec = self.learn.recorder
         rec.values,rec.lrs,rec.iters = [L(v) for v in state['values']],state['lrs'],state['iters']
         rec.losses = [torch.tensor(l) for l in state['losses']]
@@ -318,7 +318,7 @@ class CheckpointCallback(Callback):
 
     def _state(self, stopped, within):
         rec = self.learn.recorder
-        return dict(model=_model_state(self.learn.model, self.learn.opt, True), fit=self.fit_no, stopped=stopped,
+        return dict(model=model_state(self.learn.model, self.learn.opt, True), fit=self.fit_no, stopped=stopped,
                     epoch=self.epoch if within else self.epoch+1, iter=self.iter+1 if within else 0, # done in it
                     pct_train=self.learn.pct_train, epoch_dl_rng=self.epoch_dl_rng,
                     train_mets=[{k: getattr(m, k) for k in _metric_attrs if hasattr(m, k)} for m in rec._train_mets[1:]],
@@ -329,26 +329,38 @@ class CheckpointCallback(Callback):
                     dl_rng=[dl.rng.getstate() for dl in _inner_dls(self.learn)])
 
     def _save(self, stopped=False, within=False):
+        "Checkpoint now: every rank hands its random states to the main process, which commits them with the state"
         state,rngs = self._state(stopped, within),exchange(get_rng_state(), 'CheckpointCallback rng')
         if self.async_save: state = stage_for_save(state, self.scope)
         if is_main_process(self.scope): self.root.mkdir(parents=True, exist_ok=True) # where `latest` is written
+        # the commit is the write of `latest`: `save_on_main` runs `_commit` on the main process alone (in the background
+        # with `async_save`), puts `latest` in place when it returns, and raises its failure on every rank
         save_on_main(self.root/'latest', partial(self._commit, state, rngs), self.scope, self.durable,
                      async_save=self.async_save)
 
     def _commit(self, state, rngs, latest_tmp):
-        "On the main process: the checkpoint's files, then its manifest, then the `latest` pointer; then rotation"
-        other = replaced_since_written(self.root/'latest')
-        if other: raise CheckpointError(f"{other} (checkpoints of two runs would mix in {self.root})")
-        name = f"epoch_{self.epochs_before + state['epoch']:04d}" + (f"_iter_{state['iter']:06d}" if state['iter'] else '')
-        ckpt = self.root/name
-        if ckpt.exists(): shutil.rmtree(ckpt) # an incomplete one from a killed run
-        ckpt.mkdir(parents=True)
+        "On the main process, in order: a fresh directory, its files, its manifest; older checkpoints removed; `latest`"
+        self._check_latest_is_ours()
+        ckpt = self._fresh_dir(f"epoch_{self.epochs_before + state['epoch']:04d}" + (f"_iter_{state['iter']:06d}" if state['iter'] else ''))
         atomic_torch_save(state, ckpt/'state.pth', self.durable)
         atomic_torch_save(rngs, ckpt/'rng.pth', self.durable)
         write_manifest(ckpt, ['state.pth', 'rng.pth'], epoch=state['epoch'], fit=state['fit'],
                        world_size=max(num_distrib(), 1))
-        Path(latest_tmp).write_text(name)
-        self._rotate(keep={name, self.resumed_from})
+        # complete from here: were the run killed now, `latest_complete` would take it, whatever `latest` still says
+        self._rotate(keep={ckpt.name, self.resumed_from})
+        Path(latest_tmp).write_text(ckpt.name) # `latest`, once `save_on_main` swaps it in
+
+    def _check_latest_is_ours(self):
+        "Raise if another run replaced `latest` since this run wrote it: two runs' checkpoints would mix"
+        other = replaced_since_written(self.root/'latest')
+        if other: raise CheckpointError(f"{other} (checkpoints of two runs would mix in {self.root})")
+
+    def _fresh_dir(self, name):
+        "The empty directory `name` for a checkpoint: one that a killed run left incomplete goes first"
+        ckpt = self.root/name
+        if ckpt.exists(): shutil.rmtree(ckpt)
+        ckpt.mkdir(parents=True)
+        return ckpt
 
     def _rotate(self, keep):
         "Remove checkpoints beyond the newest `self.keep`, except those in `keep`"

@@ -15,21 +15,19 @@ from fastai.torch_core import get_model, default_device, apply
 from fastai.data.core import DataLoaders
 from fastai.learner import Learner
 from .core import *
-from .core import _pg_ready
 from .persist import *
-from .persist import _mappable, _torch_load
 from .distributed import fastai_original, rebind_fastai
 
 # %% auto #0
-__all__ = ['load_learner', 'load_dataloaders']
+__all__ = ['model_state', 'apply_model_state', 'model_file', 'load_device', 'load_learner', 'load_dataloaders']
 
 # %% ../nbs/10_learner.ipynb #0764f4d0
-def _model_state(model, opt, with_opt):
+def model_state(model, opt, with_opt):
     "What `Learner.save` writes: the model's state, with the optimizer's if `with_opt`"
     state = get_model(model).state_dict()
     return {'model': state, 'opt': opt.state_dict()} if with_opt and opt is not None else state
 
-def _apply_model_state(state, model, opt, with_opt=True, strict=True):
+def apply_model_state(state, model, opt, with_opt=True, strict=True):
     "Put a state written by `Learner.save` into `model` and `opt`, as fastai's `load_model` does"
     hasopt = set(state) == {'model', 'opt'}
     get_model(model).load_state_dict(state['model'] if hasopt else state, strict=strict)
@@ -42,7 +40,7 @@ def _is_buffer(file):
     "Is `file` an open file or buffer (`io.BytesIO`), which each process saves to and loads from alone, as in fastai?"
     return not isinstance(file, (str, os.PathLike))
 
-def _model_file(learn, file):
+def model_file(learn, file):
     "`file` in `learn`'s model directory, '.pth' added, as fastai names it; unlike fastai's, a load makes no directory"
     return learn.path/learn.model_dir/f"{file}.pth"
 
@@ -52,55 +50,52 @@ def _own_memory(o):
 
 def _load_into(file, learn, device, with_opt=True, strict=True, weights_only=True, **torch_load_kwargs):
     "Read `file`, written by `Learner.save`, into `learn`: a file on disk is mapped, not first copied into memory"
-    mapped = _mappable(file)
-    state = _torch_load(file, weights_only, map_location=device, mmap=mapped, **torch_load_kwargs)
+    mapped = is_torch_zip(file)
+    state = fastai_torch_load(file, weights_only, map_location=device, mmap=mapped, **torch_load_kwargs)
     # the model copies the tensors it is given; the optimizer keeps them: they must not be the file's pages
     if mapped and set(state) == {'model', 'opt'}: state['opt'] = apply(_own_memory, state['opt'])
-    _apply_model_state(state, learn.model, learn.opt, with_opt, strict)
+    apply_model_state(state, learn.model, learn.opt, with_opt, strict)
 
-def _load_device(learn, device):
+def load_device(learn, device):
     "Where a load puts tensors: `device` if given, else this rank's own device (not the one the dls were built on)"
     if isinstance(device, int): return torch.device('cuda', device)
     if device is not None: return device
-    return rank_device() if _pg_ready() else getattr(learn.dls, 'device', None) or 'cpu'
+    return rank_device() if group_ready() else getattr(learn.dls, 'device', None) or 'cpu'
 
 # %% ../nbs/10_learner.ipynb #297f3ff9
 @patch
+@delegates(save_state, but='obj')
 def save(self:Learner, 
-         file, # file name, in `self.path/self.model_dir`, '.pth' added
+         file, # file name, in `self.path/self.model_dir`, '.pth' added; or a buffer, which this process alone writes
          with_opt=True, # save the optimizer state too
-         pickle_protocol=2, 
-         scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
-         durable=True, # fsync the file and its directory
-         timeout=None, # seconds the other ranks wait for the writer (default: `DDP_SAFE_TIMEOUT`)
-         async_save=False, # return once the state is copied to host memory; write in the background
-         **torch_save_kwargs):
+         pickle_protocol=2, # as for `torch.save`
+         **kwargs): # `save_state`'s options; the others go to `torch.save`
     "Save model and optimizer state (if `with_opt`) to `self.path/self.model_dir/file`, once, atomically"
-    state = _model_state(self.model, getattr(self, 'opt', None), with_opt)
+    state = model_state(self.model, getattr(self, 'opt', None), with_opt)
     if _is_buffer(file):
-        torch.save(state, file, pickle_protocol=pickle_protocol, **torch_save_kwargs)
+        torch.save(state, file, pickle_protocol=pickle_protocol, **split_kwargs(kwargs, save_on_main)[1])
         return file
-    file = _model_file(self, file) # its directory is made by the writer: a failure there is shared like the write's
-    return save_state(state, file, scope, durable, timeout, async_save, pickle_protocol=pickle_protocol, **torch_save_kwargs)
+    file = model_file(self, file) # its directory is made by the writer: a failure there is shared like the write's
+    return save_state(state, file, pickle_protocol=pickle_protocol, **kwargs)
 
 @patch
+@delegates(read_on_all, but='what')
 def load(self:Learner, 
-         file, # file name, in `self.path/self.model_dir`, '.pth' added
+         file, # file name, in `self.path/self.model_dir`, '.pth' added; or a buffer, which this process alone reads
          device=None, # where tensors go (default: this rank's device under DDP, else `dls.device`)
          with_opt=True, # load the optimizer state too, if the file has it
          strict=True, # the file's keys must match the model's
          weights_only=True, # refuse anything but weights
-         timeout=None, # seconds to wait for the other ranks
-         scope='global', # 'node': read this node's own copy (see `read_on_all`)
-         **torch_load_kwargs):
+         **kwargs): # `read_on_all`'s options; the others go to `torch.load`
     "Load model and optimizer state (if `with_opt`) from `self.path/self.model_dir/file`, on every rank"
     if self.opt is None: self.create_opt()
+    opts,torch_load_kwargs = split_kwargs(kwargs, read_on_all)
     if _is_buffer(file):
-        _load_into(file, self, _load_device(self, device), with_opt, strict, weights_only, **torch_load_kwargs)
+        _load_into(file, self, load_device(self, device), with_opt, strict, weights_only, **torch_load_kwargs)
         return self
     # into the model inside the read: no rank leaves the load (and may replace the file) while another still reads it
-    read_on_all(_model_file(self, file), partial(_load_into, learn=self, device=_load_device(self, device),
-                with_opt=with_opt, strict=strict, weights_only=weights_only, **torch_load_kwargs), 'load', timeout, scope)
+    read_on_all(model_file(self, file), partial(_load_into, learn=self, device=load_device(self, device),
+                with_opt=with_opt, strict=strict, weights_only=weights_only, **torch_load_kwargs), 'load', **opts)
     return self
 
 # %% ../nbs/10_learner.ipynb #42bcb1ef
@@ -120,44 +115,44 @@ def _export_to(learn, file, pickle_module=cloudpickle, pickle_protocol=2):
         learn.dls = old_dls
 
 @patch
+@delegates(save_on_main, but='write,async_save')
 def export(self:Learner, 
            fname='export.pkl', # file name, in `self.path`
-           pickle_module=cloudpickle, 
-           pickle_protocol=2, 
-           scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
-           durable=True, # fsync the file and its directory
-           timeout=None): # seconds the other ranks wait for the writer
+           pickle_module=cloudpickle, # as for `torch.save`
+           pickle_protocol=2, # as for `torch.save`
+           **kwargs):
     "Export the content of `self` without the items and the optimizer state for inference, once, atomically"
     return save_on_main(self.path/fname, partial(_export_to, self, pickle_module=pickle_module,
-                                                  pickle_protocol=pickle_protocol), scope, durable, timeout)
+                                                  pickle_protocol=pickle_protocol), **kwargs)
 
 # %% ../nbs/10_learner.ipynb #5b240aef
 _fastai_load_learner = fastai_original(fastai.learner, 'load_learner')
 
+@delegates(read_on_all, but='read,what,scope')
 def load_learner(fname, # the exported file
                  cpu=True, # put the `Learner` on the CPU
-                 pickle_module=pickle, 
-                 timeout=None): # seconds to wait for the other ranks
+                 pickle_module=pickle, # as for `torch.load`
+                 **kwargs):
     "Load a `Learner` exported with `Learner.export`, on every rank, fresh and whole (a pickle: trusted files only)"
-    return read_on_all(fname, partial(_fastai_load_learner, cpu=cpu, pickle_module=pickle_module), 'load_learner', timeout)
+    return read_on_all(fname, partial(_fastai_load_learner, cpu=cpu, pickle_module=pickle_module), 'load_learner', **kwargs)
 
 rebind_fastai(fastai.learner, 'load_learner', load_learner)
 
 # %% ../nbs/10_learner.ipynb #6a4e3e04
-@patch
-def save(self:DataLoaders, 
-         file='dls.pkl', # file name, in `self.path`
-         pickle_module=cloudpickle, 
-         scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
-         durable=True, # fsync the file and its directory
-         timeout=None): # seconds the other ranks wait for the writer
+@patch(nm='save') # `save` is `Learner.save` in this module
+@delegates(save_on_main, but='write,async_save')
+def _save_dataloaders(self:DataLoaders, 
+                      file='dls.pkl', # file name, in `self.path`
+                      pickle_module=cloudpickle, # as for `torch.save`
+                      **kwargs):
     "Save `self` to `self.path/file`, once, atomically (a pickle: load only files you trust)"
-    return save_state(self, Path(self.path)/file, scope, durable, timeout, pickle_module=pickle_module)
+    return save_state(self, Path(self.path)/file, pickle_module=pickle_module, **kwargs)
 
+@delegates(read_on_all, but='read,what,scope')
 def load_dataloaders(path='.', # the directory
                      file='dls.pkl', # file name in `path`
                      device=None, # where batches go (default: this rank's device)
-                     timeout=None): # seconds to wait for the other ranks
+                     **kwargs):
     "Load `DataLoaders` saved with `DataLoaders.save`, on every rank (a pickle: trusted files only)"
-    dls = load_state(Path(path)/file, 'cpu', weights_only=False, timeout=timeout, what='load_dataloaders')
-    return dls.to(ifnone(device, rank_device() if _pg_ready() else default_device()))
+    dls = load_state(Path(path)/file, 'cpu', weights_only=False, what='load_dataloaders', **kwargs)
+    return dls.to(ifnone(device, rank_device() if group_ready() else default_device()))

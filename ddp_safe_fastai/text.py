@@ -10,7 +10,7 @@ from fastai.learner import Learner, join_path_file
 from fastcore.meta import delegates
 from .core import *
 from .persist import *
-from .learner import _load_device, _model_file
+from .learner import load_device, model_file
 from .distributed import fastai_original, fastai_defaults_kept
 with fastai_defaults_kept():
     from fastai.text.learner import TextLearner, clean_raw_keys
@@ -27,22 +27,22 @@ def _encoder(learn):
     return getattr(enc, 'module', enc)
 
 @patch
+@delegates(save_on_main, but='write,async_save')
 def save_encoder(self:TextLearner, 
                  file:str, # file name, in `self.path/self.model_dir`, '.pth' added
-                 scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
-                 durable=True, # fsync the file and its directory
-                 timeout=None): # seconds the other ranks wait for the writer
+                 **kwargs):
     "Save the encoder to `file` in the model directory, once, atomically"
     return save_state(_encoder(self).state_dict(), join_path_file(file, self.path/self.model_dir, ext='.pth'),
-                      scope, durable, timeout)
+                      **kwargs)
 
 @patch
+@delegates(read_on_all, but='read,what,scope')
 def load_encoder(self:TextLearner, 
                  file:str, # file name, in `self.path/self.model_dir`, '.pth' added
                  device=None, # where tensors go (default: this rank's device under DDP, else `dls.device`)
-                 timeout=None): # seconds to wait for the other ranks
+                 **kwargs):
     "Load the encoder `file` from the model directory on every rank (weights only), then freeze"
-    state = load_state(_model_file(self, file), _load_device(self, device), timeout=timeout, what='load_encoder')
+    state = load_state(model_file(self, file), load_device(self, device), what='load_encoder', **kwargs)
     _encoder(self).load_state_dict(clean_raw_keys(state))
     self.freeze()
     return self

@@ -1,6 +1,6 @@
 "Multi-process tests start real ranks the two ways users do: `torchrun`, and `torch.multiprocessing.spawn` with no launcher environment"
-import os, pytest
-from ddp_safe_fastai.testing import spawn_ranks, torchrun_ranks
+import os, subprocess, pytest
+from ddp_safe_fastai.launch import spawn_ranks, torchrun_ranks
 
 os.environ.setdefault('DDP_SAFE_TIMEOUT', '60')  # a stuck meeting fails a test within a minute, naming the ranks
 
@@ -18,6 +18,13 @@ def values(outcomes):
     bad = [o for o in outcomes if not o.ok]
     assert not bad, '\n'.join(f"{o!r}\n{getattr(o, 'traceback', '')}" for o in bad)
     return [o.value for o in outcomes]
+
+def _can_mount():
+    "Can this process make a mount namespace of its own and bind-mount in it (root)?"
+    return subprocess.run(['unshare', '-m', 'true'], capture_output=True).returncode == 0
+
+needs_mounts = pytest.mark.skipif(not _can_mount(), reason="needs mount namespaces (root): each simulated node or "
+                                  "process mounts a disk of its own")
 
 def own_disks(tmp_path, nnodes=2):
     "A checkpoint path and a disk per node: node i's torchrun agent, started under `prefix(i)`, sees disk i mounted there"

@@ -117,7 +117,7 @@ def mismatches(ops, nproc, outcomes):
 
 def check(programs, nproc, root, timeout=600):
     "Run `programs` on `nproc` torchrun ranks; per program, its mismatches (an empty list when it is right)"
-    from ddp_safe_fastai.testing import torchrun_ranks
+    from ddp_safe_fastai.launch import torchrun_ranks
     outs = torchrun_ranks(run_programs, str(root), programs, nproc=nproc, timeout=timeout,
                           env={'DDP_SAFE_TIMEOUT': '20', 'OMP_NUM_THREADS': '1'})
     bad = [o for o in outs if not o.ok]

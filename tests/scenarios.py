@@ -1,5 +1,5 @@
 "What each rank does in the multi-process tests: module-level functions, run by `spawn_ranks` and `torchrun_ranks`"
-import os, time, signal, resource
+import os, time, signal, resource, importlib
 from pathlib import Path
 import torch, torch.distributed as dist
 from fastai.basics import Callback
@@ -248,9 +248,10 @@ def dataloaders_roundtrip(root):
     "DataLoaders.save on every rank, then load_dataloaders on every rank"
     learn = _learner(root)
     learn.dls.train_ds.tls[0].tfms.fs[0].t += rank_distrib()  # rank 1's data differs
+    own = learn.dls.train_ds[0][0][0].item()
     learn.dls.save()
     dls = load_dataloaders(root)
-    return dls.train_ds[0][0][0].item(), str(dls.device)
+    return dict(own=own, loaded=dls.train_ds[0][0][0].item(), device=str(dls.device))
 
 # ---- training (issues 2 and 3) ----
 class SlowRank0(Callback):
@@ -267,13 +268,21 @@ def ddp_fit(root, epochs=2):
     return dict(weights=learn.model.weight.flatten().tolist(), world=num_distrib(),
                 backend=dist.get_backend() if dist.is_initialized() else None)
 
+class WorseLastEpoch(Callback):
+    "Before the last validation, every rank moves the weights away (the same way): the best epoch is an earlier one"
+    def before_validate(self):
+        if self.epoch == self.n_epoch-1:
+            with torch.no_grad():
+                for p in self.learn.model.parameters(): p.add_(1.)
+
 def ddp_fit_best(root, delay=0.7, epochs=3):
     "3 epochs in `distrib_ctx` with `SafeSaveModelCallback(with_opt=True)`, rank 0 `delay` s slower each epoch"
     learn = _learner(root)
-    with learn.distrib_ctx(): learn.fit(epochs, 0.1, cbs=[SafeSaveModelCallback(with_opt=True), SlowRank0(delay)])
+    cbs = [SafeSaveModelCallback(with_opt=True), SlowRank0(delay), WorseLastEpoch()]
+    with learn.distrib_ctx(): learn.fit(epochs, 0.1, cbs=cbs)
     saved = torch.load(Path(root)/'models/model.pth', weights_only=False)['model']
     return dict(weights=learn.model.weight.flatten().tolist(), saved=saved['weight'].flatten().tolist(),
-                best=float(learn.recorder.values[int(torch.tensor([v[1] for v in learn.recorder.values]).argmin())][1]))
+                best_epoch=int(torch.tensor([v[1] for v in learn.recorder.values]).argmin()), epochs=epochs)
 
 def batchnorm_fit(root):
     "A BatchNorm model trained in `distrib_ctx()` as fastai documents it, on CPU: each rank's running statistics after"
@@ -286,7 +295,7 @@ def batchnorm_fit(root):
 # ---- resume (issue 4) ----
 def resume_fit(root, epochs=4, hidden=1500):
     "`epochs` epochs of one-cycle training in `distrib_ctx` with `CheckpointCallback`: resumes if a checkpoint exists"
-    import hashlib, fastai.callback.schedule
+    import hashlib; importlib.import_module('fastai.callback.schedule')  # Learner.fit_one_cycle
     learn = synth_learner(path=Path(root), seed=1)
     torch.manual_seed(1)
     nn = torch.nn  # ~27 MB of model and Adam state: a checkpoint write takes long enough to be killed in
@@ -324,7 +333,7 @@ def node_saves_on_shared_disk(root, n=30):
 
 def node_resume(disk, scope, stop_after=None, epochs=4):
     "One-cycle training with `CheckpointCallback(scope=scope)`, stopped after `stop_after` epochs or resumed"
-    import fastai.callback.schedule
+    importlib.import_module('fastai.callback.schedule')  # Learner.fit_one_cycle
     from fastai.basics import CancelFitException
     class Stop(Callback):
         order = CheckpointCallback.order + 1
@@ -409,7 +418,7 @@ class Noise(Callback):
 
 def resume_within_epoch(root, every_iters=3):
     "Dropout, noise, one-cycle; a checkpoint every `every_iters` batches too: resumes if a checkpoint exists"
-    import hashlib, fastai.callback.schedule
+    import hashlib; importlib.import_module('fastai.callback.schedule')  # Learner.fit_one_cycle
     learn = synth_learner(n=256, path=Path(root), seed=2)
     nn = torch.nn
     learn.model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))

@@ -1,14 +1,14 @@
 "Issue 10: the four fastai applications in `examples/`, run as users run them, under torchrun and accelerate launch"
-import os, sys, json, time, subprocess
+import os, sys, json, time, importlib, subprocess
 from pathlib import Path
 import pytest
-from ddp_safe_fastai.testing import free_port, kill_tree
+from ddp_safe_fastai.launch import free_port, kill_tree
 
 EXAMPLES = Path(__file__).parent.parent/'examples'
 BIN = Path(sys.executable).parent
 
 def _torchvision_imports():
-    try: import torchvision; return True
+    try: importlib.import_module('torchvision'); return True
     except Exception: return False
 
 def launch_cmd(launcher, script, path):

@@ -1,9 +1,9 @@
 """Issue 5: the `ddp-safe-check` command, run as a user runs it: the installed console script, and under torchrun"""
 import os, re, sys, subprocess
 from pathlib import Path
-from conftest import values, own_disks
+from conftest import values, own_disks, needs_mounts
 from ddp_safe_fastai.check import RACES, check_dir
-from ddp_safe_fastai.testing import torchrun_ranks, free_port
+from ddp_safe_fastai.launch import torchrun_ranks, free_port
 
 BIN = Path(sys.executable).parent
 
@@ -45,6 +45,7 @@ def test_dir_under_torchrun(tmp_path):
     assert rc == 0, out + err
     assert out.count('| shared by all ranks | yes |') == 1 and 'checked by 2 rank(s)' in out  # rank 0 reports
 
+@needs_mounts
 def test_dir_not_shared_across_nodes(tmp_path):
     "Two torchrun agents, each with its own disk mounted at the same path: the check says the directory is not shared"
     mnt, _, prefix = own_disks(tmp_path)

@@ -1,8 +1,8 @@
 "Issue 12: drop-in exact where fastai code relies on it, and one clear error on every rank for bad input"
-import subprocess, sys, pytest
+import subprocess, sys
 import scenarios as s
-from conftest import values
-from ddp_safe_fastai.testing import torchrun_ranks
+from conftest import values, needs_mounts
+from ddp_safe_fastai.launch import torchrun_ranks
 
 def test_buffers(launch, tmp_path):
     assert values(launch(s.buffers, str(tmp_path))) == [dict(value=3., files=[]), dict(value=4., files=[])]
@@ -20,7 +20,7 @@ def test_truncated_dataloaders(launch, tmp_path):
     for r in values(launch(s.truncated_dataloaders, str(tmp_path))):
         assert r.startswith('CheckpointError: load_dataloaders') and 'dls.pkl' in r and 'truncated or corrupt' in r
 
-@pytest.mark.skipif(subprocess.run(['unshare', '-m', 'true']).returncode != 0, reason='needs mount namespaces (root)')
+@needs_mounts
 def test_save_on_read_only_disk(tmp_path):
     ro = tmp_path/'ro'; ro.mkdir()
     mount = 'mount --make-rprivate / && mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'

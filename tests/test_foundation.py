@@ -1,11 +1,11 @@
 "Issue 2: who am I, meeting without hanging, directories, whole files, fastai DDP on CPU"
-import os, sys, time, signal, random, subprocess, tempfile, textwrap, shutil
+import sys, time, signal, random, subprocess, textwrap, shutil
 from pathlib import Path
 import pytest, torch
 import scenarios as s
 from conftest import values
-from ddp_safe_fastai.core import atomic_torch_save
-from ddp_safe_fastai.testing import torchrun_ranks, free_port
+from ddp_safe_fastai.files import atomic_torch_save
+from ddp_safe_fastai.launch import torchrun_ranks, free_port
 
 @pytest.mark.parametrize('nproc', [2, 4])
 def test_rank_detection(launch, nproc):
@@ -62,7 +62,7 @@ def test_unguarded_rmtree_race_fails(tmp_path):
 
 _writer = textwrap.dedent('''
     import sys, torch
-    from ddp_safe_fastai.core import atomic_torch_save
+    from ddp_safe_fastai.files import atomic_torch_save
     f, n = sys.argv[1], int(sys.argv[2])
     save = atomic_torch_save if sys.argv[3] == 'atomic' else (lambda o, f: torch.save(o, f))
     print('ready', flush=True)

@@ -2,8 +2,10 @@
 own disk mounted at the same path in its own mount namespace"""
 import pytest
 import scenarios as s
-from conftest import values, own_disks
-from ddp_safe_fastai.testing import torchrun_ranks
+from conftest import values, own_disks, needs_mounts
+from ddp_safe_fastai.launch import torchrun_ranks
+
+pytestmark = needs_mounts
 
 @pytest.fixture
 def nodes(tmp_path):

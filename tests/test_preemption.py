@@ -2,7 +2,7 @@
 import sys, json, time, signal, subprocess
 from pathlib import Path
 import pytest
-from ddp_safe_fastai.testing import free_port, kill_tree
+from ddp_safe_fastai.launch import free_port, kill_tree
 
 SCRIPT = str(Path(__file__).parent/'preempt_script.py')
 

@@ -4,7 +4,7 @@ from pathlib import Path
 import pytest
 import scenarios as s
 from conftest import values
-from ddp_safe_fastai.testing import torchrun_ranks
+from ddp_safe_fastai.launch import torchrun_ranks
 from ddp_safe_fastai.checkpoint import latest_complete, is_complete
 
 def _run(root, kill_when=None):

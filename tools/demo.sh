@@ -21,7 +21,7 @@ for _ in $(seq 600); do
 done
 sleep 1
 echo "== killing every process of the run (SIGKILL) after the checkpoint $(cat "$dir/models/ckpt/latest")"
-.venv-latest/bin/python -c "from ddp_safe_fastai.testing import kill_tree; kill_tree($run)"
+.venv-latest/bin/python -c "from ddp_safe_fastai.launch import kill_tree; kill_tree($run)"
 wait "$run" 2>/dev/null || true
 echo "== 2. the same command again"
 "${cmd[@]}" 2>&1 | filter

@@ -14,8 +14,10 @@ if [ -n "$(git status --porcelain -uno)" ]; then
   git status --short -uno; git diff --stat
   echo "FAILED: run nbdev_clean, nbdev_export and tools/readme.sh, and commit what they change"; exit 1
 fi
-echo "== dev: notebook tests"
-.venv-dev/bin/nbdev_test --n_workers 2
+echo "== dev: pyflakes"
+tools/lint.sh
+echo "== dev: notebooks run and rendered with their outputs (the documentation site, _docs/)"
+tools/docs.sh
 echo "== dev: behavioural tests"
 (cd tests && ../.venv-dev/bin/python -m pytest "${pytest_args[@]}")
 echo "== latest: behavioural tests"
