@@ -12,9 +12,9 @@ import torch, torch.distributed as dist
 # %% auto #0
 __all__ = ['CheckpointError', 'CheckpointNotFoundError', 'DistributedTimeoutError', 'group_ready', 'rank_distrib', 'num_distrib',
            'Topology', 'topology', 'node_rank_distrib', 'local_rank_distrib', 'check_scope', 'is_main_process',
-           'rank_device', 'distrib_timeout', 'group_store', 'restart_attempt', 'run_prefix', 'join_launched_group',
-           'meet', 'exchange', 'distrib_barrier', 'broadcast_object', 'sync_point', 'FileMissing', 'error_for',
-           'raise_failures', 'describe', 'local_io', 'main_process_first']
+           'rank_device', 'distrib_timeout', 'group_store', 'store_outlives_ranks', 'restart_attempt', 'run_prefix',
+           'join_launched_group', 'meet', 'exchange', 'distrib_barrier', 'broadcast_object', 'sync_point',
+           'FileMissing', 'error_for', 'raise_failures', 'describe', 'local_io', 'main_process_first']
 
 # %% ../nbs/00_core.ipynb #2b32a525
 class CheckpointError(RuntimeError):
@@ -113,6 +113,12 @@ def distrib_timeout(timeout=None):
 def group_store():
     "The store of the default process group, which every rank reaches: meetings and saves' outcomes go through it"
     return dist.distributed_c10d._get_default_store()
+
+def store_outlives_ranks(store):
+    "Is `store` hosted outside the ranks' processes (by torchrun's agent, as `accelerate launch` also has it)?"
+    if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') != 'True': return False
+    while isinstance(store, dist.PrefixStore): store = store.underlying_store
+    return isinstance(store, dist.TCPStore) and str(store.port) == os.environ.get('MASTER_PORT')
 
 def restart_attempt():
     "Which attempt of the run this is: 0, or how many times `torchrun --max-restarts` has restarted the workers"
@@ -217,6 +223,14 @@ def _verdict(store, meeting, r, n, what, timeout):
     # rank 0 came later than this rank: it decides, by its own timeout
     return _raise_failure(pickle.loads(_get_chunked(store, f"{meeting}/all", timeout)), r)
 
+_to_clear = {}  # rank 0, store outside the ranks: store -> the last meeting held there, cleared at the next one
+
+def _clear_later(store, meeting, chunks):
+    "On rank 0, where the store outlives the ranks: clear the last meeting, which every rank has left to come here"
+    for m,c in _to_clear.get(id(store), []):
+        for k in ('0', 'all', *[f"all/{j}" for j in range(c)]): store.delete_key(f"{m}/{k}")
+    _to_clear[id(store)] = [(meeting, chunks)]
+
 def _clear(store, meeting, n, chunks, failed, timeout):
     "On rank 0, once every rank that came has read `meeting`: remove its keys, so that a failed one can be held again"
     # without torchrun, `init_process_group` puts the store in rank 0's process: were rank 0 to leave the last meeting
@@ -233,7 +247,8 @@ def meet(store, # the store every rank reaches (the process group's)
          r, n, # this rank, and the number of ranks
          data:bytes, # what this rank publishes
          what='meeting', # the operation, for messages
-         timeout=1800.): # seconds to wait for the other ranks
+         timeout=1800., # seconds to wait for the other ranks
+         outlives_ranks=False): # the store is not in rank 0's process: rank 0 need not wait for the others to read
     "Publish `data` as rank `r` and return every rank's data in rank order: rank 0 gathers, each rank reads once"
     store.multi_set([f"ddp_safe/at/{r}", f"{meeting}/{r}"], [what, data])
     chunks,verdict = _gather(store, meeting, n, what, timeout) if r == 0 else (0, None)
@@ -243,8 +258,9 @@ def meet(store, # the store every rank reaches (the process group's)
         else: # taken back, so that the meeting can be held again; the marker, last, says that this rank came
             store.delete_key(f"{meeting}/{r}"); store.set(f"{meeting}/{r}/gave_up", '')
         raise
-    if r == 0: _clear(store, meeting, n, chunks, False, timeout)
-    elif store.add(f"{meeting}/left", 1) == n-1: store.set(f"{meeting}/all_left", '')
+    if r == 0 and outlives_ranks: _clear_later(store, meeting, chunks)
+    elif r == 0: _clear(store, meeting, n, chunks, False, timeout)
+    elif not outlives_ranks and store.add(f"{meeting}/left", 1) == n-1: store.set(f"{meeting}/all_left", '')
     return res
 
 # %% ../nbs/00_core.ipynb #1c8fbbea
@@ -271,7 +287,7 @@ def exchange(obj, what, timeout=None):
     store,n,r,timeout = group_store(),num_distrib(),rank_distrib(),distrib_timeout(timeout)
     i = _meetings[what] = _meetings.get(what, 0) + 1
     _meetings_entered += 1
-    try: data = meet(store, f"{run_prefix()}/{what}/{i}", r, n, _publishable(obj), what, timeout)
+    try: data = meet(store, f"{run_prefix()}/{what}/{i}", r, n, _publishable(obj), what, timeout, store_outlives_ranks(store))
     except DistributedTimeoutError: # not held: the next meeting of that name is this one again, for every rank
         _meetings[what],_meetings_entered = i-1,_meetings_entered-1
         raise
