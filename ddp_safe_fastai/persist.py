@@ -231,7 +231,7 @@ def save_on_main(file, # the file to write
                  scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
                  durable=True, # fsync the file and its directory before returning
                  timeout=None, # seconds to wait for the writer (default: `DDP_SAFE_TIMEOUT`)
-                 async_save=False): # write in the background: return once `write` may be called later
+                 async_save=False): # write in a background thread and return at once (`flush_saves` waits for it)
     "Write `file` through `write` on the main process alone, atomically; every rank that calls it raises if that failed"
     file,scope = Path(file).absolute(),check_scope(scope)
     distrib_timeout(timeout) # a bad timeout fails here on every rank, not only on those that wait
