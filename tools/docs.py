@@ -4,7 +4,7 @@ Each exported definition gets a `show_doc` entry (signature, one line, parameter
 code of exported and hidden cells runs but is not shown. A notebook that raises fails the build, so this is also the
 notebooks' test (what `nbdev_test` runs, with the outputs kept). Quarto, which `nbdev_docs` needs, cannot be installed
 here; nbconvert renders the pages instead. Usage: `python tools/docs.py [notebook ...]` (default: all of `nbs/`)."""
-import os, re, sys, html, json, time, argparse, traceback
+import os, re, sys, html, time, argparse, traceback
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -99,6 +99,7 @@ def render(nb_path, cells, pages):
     (OUT/f"{nb_path.stem}.html").write_text(body)
 
 def main(argv=None):
+    "Run and render the notebooks asked for (default: all); exit naming those that raised"
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('notebooks', nargs='*', help='notebooks to build (default: every notebook in nbs/)')
     p.add_argument('--workers', type=int, default=2)
@@ -114,7 +115,6 @@ def main(argv=None):
             if err: failed.append(nb_path.name); print(f"FAILED {nb_path.name}:\n{err}", file=sys.stderr)
             else: render(nb_path, cells, pages); print(f"{nb_path.name}: {secs:.0f} s", flush=True)
     if (OUT/'index.html').exists(): (OUT/'.nojekyll').touch()
-    json.dump({'pages': list(pages)}, open(OUT/'pages.json', 'w'))
     if failed: sys.exit(f"notebooks that raised: {failed}")
     print(f"{len(todo)} pages in {OUT.relative_to(ROOT)}/")
 
