@@ -223,13 +223,18 @@ def _verdict(store, meeting, r, n, what, timeout):
     # rank 0 came later than this rank: it decides, by its own timeout
     return _raise_failure(pickle.loads(_get_chunked(store, f"{meeting}/all", timeout)), r)
 
+def _published(chunks):
+    "The keys, under a meeting's prefix, of rank 0's own data and of the verdict it published in `chunks` pieces"
+    return ('0', 'all', *[f"all/{j}" for j in range(chunks)])
+
 _to_clear = {}  # rank 0, store outside the ranks: store -> the last meeting held there, cleared at the next one
 
 def _clear_later(store, meeting, chunks):
     "On rank 0, where the store outlives the ranks: clear the last meeting, which every rank has left to come here"
-    for m,c in _to_clear.get(id(store), []):
-        for k in ('0', 'all', *[f"all/{j}" for j in range(c)]): store.delete_key(f"{m}/{k}")
-    _to_clear[id(store)] = [(meeting, chunks)]
+    if id(store) in _to_clear:
+        last,pieces = _to_clear[id(store)]
+        for k in _published(pieces): store.delete_key(f"{last}/{k}")
+    _to_clear[id(store)] = (meeting, chunks)
 
 def _clear(store, meeting, n, chunks, failed, timeout):
     "On rank 0, once every rank that came has read `meeting`: remove its keys, so that a failed one can be held again"
@@ -238,7 +243,7 @@ def _clear(store, meeting, n, chunks, failed, timeout):
     came = [j for j in range(1, n) if _came(store, meeting, j)] if failed else []
     marks = [f"{meeting}/{j}/gave_up" for j in came] if failed else [f"{meeting}/all_left"] if n > 1 else []
     with suppress(Exception): store.wait(marks, timedelta(seconds=timeout)) # else a rank died
-    for k in ('0', 'all', *[f"all/{j}" for j in range(chunks)], 'left', 'all_left', *[f"{j}/gave_up" for j in came]):
+    for k in (*_published(chunks), 'left', 'all_left', *[f"{j}/gave_up" for j in came]):
         store.delete_key(f"{meeting}/{k}")
 
 # %% ../nbs/00_core.ipynb #ac96404a
@@ -359,8 +364,7 @@ def main_process_first(scope='global', timeout=None):
     exchange(None, what, timeout)
 
 # %% ../nbs/00_core.ipynb #cbc1e68e
-_moved = {'atomic_write': 'files', 'atomic_torch_save': 'files', 'writer_of': 'files', 'flush_to_disk': 'files',
-          'prepare_dir': 'persist'}
+_moved = {'atomic_write': 'files', 'atomic_torch_save': 'files', 'writer_of': 'files', 'prepare_dir': 'persist'}
 
 def __getattr__(name):
     "A name that moved out of this module, from its new module, with a `DeprecationWarning` naming it"
