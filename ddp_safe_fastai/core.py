@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #88d9ff79
 from __future__ import annotations
-import os, pickle, socket, warnings, importlib
+import os, pickle, socket, warnings, importlib, threading, queue
 from contextlib import contextmanager, suppress
 from datetime import timedelta
 import torch, torch.distributed as dist
@@ -194,24 +194,53 @@ def _get_chunked(store, key, timeout):
     with _waiting_up_to(store, timeout): n,first = store.multi_get([key, f"{key}/0"])
     return b''.join([first, *store.multi_get([f"{key}/{j}" for j in range(1, int(n))])]) if int(n) > 1 else first
 
+# %% ../nbs/00_core.ipynb #40854473
+def _compact(values):
+    "`values` as (each distinct value once, the index of each value among those)"
+    distinct = list(dict.fromkeys(values))
+    where = list(map({v:i for i,v in enumerate(distinct)}.__getitem__, values))
+    return distinct, bytes(where) if len(distinct) <= 256 else where
+
+def _expand(distinct, where):
+    "The values that `_compact` gave as `(distinct, where)`, in their order"
+    return distinct*len(where) if len(distinct) == 1 else list(map(distinct.__getitem__, where))
+
+# %% ../nbs/00_core.ipynb #578febf2
+_to_delete = queue.Queue()  # (store, keys) that no meeting reads any more
+_deleter = None
+
+def _delete_forever():
+    "Remove the keys handed to `_delete_later`, one message each, as they come"
+    while True:
+        store,keys = _to_delete.get()
+        for k in keys:
+            with suppress(Exception): store.delete_key(k) # else the store went with the run
+        _to_delete.task_done()
+
+def _delete_later(store, keys):
+    "Remove `keys` from `store` in a background thread of this process; `_to_delete.join()` waits for it"
+    global _deleter
+    _to_delete.put((store, list(keys)))
+    if _deleter is None or not _deleter.is_alive(): # also in a child forked after the thread started
+        _deleter = threading.Thread(target=_delete_forever, daemon=True, name='ddp_safe_fastai: old meeting keys')
+        _deleter.start()
+
 # %% ../nbs/00_core.ipynb #a363c003
 def _gather(store, meeting, n, what, timeout):
     "On rank 0: once every rank has come, publish all their data as one value, else why not; (pieces, verdict)"
     keys = [f"{meeting}/{j}" for j in range(n)]
     try:
-        store.wait(keys, timedelta(seconds=timeout))
-        verdict = (None, store.multi_get(keys))
+        with _waiting_up_to(store, timeout): verdict = (None, _compact(store.multi_get(keys)))
     except Exception: verdict = (_absent(store, meeting, n, what, timeout), None)
     chunks = _set_chunked(store, f"{meeting}/all", pickle.dumps(verdict))
-    if verdict[1]: # read: the ranks' keys can go (here, rather than one more message from each rank)
-        for k in keys[1:]: store.delete_key(k)
+    if verdict[1]: _delete_later(store, keys[1:]) # read: the ranks' keys can go (rather than one more message from each)
     return chunks,verdict
 
 def _raise_failure(verdict, r):
     "The data of a meeting's `verdict`, or its failure raised on rank `r`"
     failure,data = verdict
     if failure: raise DistributedTimeoutError(f"{failure}; raised on rank {r})")
-    return data
+    return _expand(*data)
 
 def _verdict(store, meeting, r, n, what, timeout):
     "Every rank's data at `meeting`, as rank 0 published it; rank 0's failure, or rank 0's absence, raised"
@@ -233,7 +262,7 @@ def _clear_later(store, meeting, chunks):
     "On rank 0, where the store outlives the ranks: clear the last meeting, which every rank has left to come here"
     if id(store) in _to_clear:
         last,pieces = _to_clear[id(store)]
-        for k in _published(pieces): store.delete_key(f"{last}/{k}")
+        _delete_later(store, [f"{last}/{k}" for k in _published(pieces)])
     _to_clear[id(store)] = (meeting, chunks)
 
 def _clear(store, meeting, n, chunks, failed, timeout):
@@ -243,8 +272,9 @@ def _clear(store, meeting, n, chunks, failed, timeout):
     came = [j for j in range(1, n) if _came(store, meeting, j)] if failed else []
     marks = [f"{meeting}/{j}/gave_up" for j in came] if failed else [f"{meeting}/all_left"] if n > 1 else []
     with suppress(Exception): store.wait(marks, timedelta(seconds=timeout)) # else a rank died
-    for k in (*_published(chunks), 'left', 'all_left', *[f"{j}/gave_up" for j in came]):
-        store.delete_key(f"{meeting}/{k}")
+    keys = [f"{meeting}/{k}" for k in (*_published(chunks), 'left', 'all_left', *[f"{j}/gave_up" for j in came])]
+    if not failed: return _delete_later(store, keys)
+    for k in keys: store.delete_key(k) # now: the ranks hold the failed meeting again, under the same keys
 
 # %% ../nbs/00_core.ipynb #ac96404a
 def meet(store, # the store every rank reaches (the process group's)
