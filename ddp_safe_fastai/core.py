@@ -10,11 +10,12 @@ from datetime import timedelta
 import torch, torch.distributed as dist
 
 # %% auto #0
-__all__ = ['CheckpointError', 'CheckpointNotFoundError', 'DistributedTimeoutError', 'group_ready', 'rank_distrib', 'num_distrib',
-           'Topology', 'topology', 'node_rank_distrib', 'local_rank_distrib', 'check_scope', 'is_main_process',
-           'rank_device', 'distrib_timeout', 'group_store', 'store_outlives_ranks', 'restart_attempt', 'run_prefix',
-           'join_launched_group', 'meet', 'exchange', 'distrib_barrier', 'broadcast_object', 'sync_point',
-           'FileMissing', 'error_for', 'raise_failures', 'describe', 'local_io', 'main_process_first']
+__all__ = ['CheckpointError', 'CheckpointNotFoundError', 'DistributedTimeoutError', 'StoreUnreachableError', 'group_ready',
+           'rank_distrib', 'num_distrib', 'Topology', 'topology', 'node_rank_distrib', 'local_rank_distrib',
+           'check_scope', 'is_main_process', 'rank_device', 'distrib_timeout', 'group_store', 'store_outlives_ranks',
+           'restart_attempt', 'run_prefix', 'join_launched_group', 'meet', 'store_reachable', 'exchange',
+           'distrib_barrier', 'broadcast_object', 'sync_point', 'FileMissing', 'error_for', 'raise_failures',
+           'describe', 'local_io', 'main_process_first']
 
 # %% ../nbs/00_core.ipynb #2b32a525
 class CheckpointError(RuntimeError):
@@ -25,6 +26,9 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 class DistributedTimeoutError(CheckpointError, TimeoutError):
     "Ranks did not meet within the timeout; the message names the operation and the ranks that did not arrive"
+
+class StoreUnreachableError(CheckpointError, ConnectionError):
+    "The process group's store went away with the process that held it: the message names the operation"
 
 # %% ../nbs/00_core.ipynb #49dc1920
 def _env_int(names, default=0):
@@ -298,6 +302,16 @@ def meet(store, # the store every rank reaches (the process group's)
     elif not outlives_ranks and store.add(f"{meeting}/left", 1) == n-1: store.set(f"{meeting}/all_left", '')
     return res
 
+# %% ../nbs/00_core.ipynb #33451af0
+@contextmanager
+def store_reachable(what): # the operation, for the message
+    "Inside, a store that cannot be reached raises `StoreUnreachableError` naming `what` and where the store lived"
+    try: yield
+    except dist.DistNetworkError as e:
+        where = "torchrun's agent" if group_ready() and store_outlives_ranks(group_store()) else "rank 0's process"
+        raise StoreUnreachableError(f"{what}: the process group's store, in {where}, cannot be reached "
+                                    f"({str(e).splitlines()[0]}): that process ended or was killed; raised on rank {rank_distrib()}") from e
+
 # %% ../nbs/00_core.ipynb #1c8fbbea
 _max_value = 8*2**20 - 2**12  # the most a `TCPStore` message carries (8 MiB), less room for the key
 
@@ -322,7 +336,8 @@ def exchange(obj, what, timeout=None):
     store,n,r,timeout = group_store(),num_distrib(),rank_distrib(),distrib_timeout(timeout)
     i = _meetings[what] = _meetings.get(what, 0) + 1
     _meetings_entered += 1
-    try: data = meet(store, f"{run_prefix()}/{what}/{i}", r, n, _publishable(obj), what, timeout, store_outlives_ranks(store))
+    try:
+        with store_reachable(what): data = meet(store, f"{run_prefix()}/{what}/{i}", r, n, _publishable(obj), what, timeout, store_outlives_ranks(store))
     except DistributedTimeoutError: # not held: the next meeting of that name is this one again, for every rank
         _meetings[what],_meetings_entered = i-1,_meetings_entered-1
         raise

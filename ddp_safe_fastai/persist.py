@@ -103,7 +103,7 @@ def _publish_at_exit():
 def _outcome(store, key, file, timeout):
     "The outcome the writer published under `key`: None, or why the write of `file` failed"
     try: store.wait([key], timedelta(seconds=timeout))
-    except Exception as e:
+    except dist.DistStoreError as e: # the store's timeout; its network errors are not one
         raise DistributedTimeoutError(f"save {file}: the main process did not finish writing it within {timeout:g}s "
                                       f"(raised on rank {rank_distrib()})") from e
     return pickle.loads(store.get(key))
@@ -131,8 +131,9 @@ def _matching_write(store, prefix, name, file, at, site, idx, timeout):
 def _wait_for_writer(prefix, name, file, at, site, idx, timeout):
     "On a rank that does not write: the outcome of the main process's save of `file` that answers this one"
     store,timeout = group_store(),distrib_timeout(timeout)
-    n = _matching_write(store, prefix, name, file, at, site, idx, timeout)
-    return _outcome(store, f"{prefix}/{name}/{n}", file, timeout)
+    with store_reachable(f"save {file}"):
+        n = _matching_write(store, prefix, name, file, at, site, idx, timeout)
+        return _outcome(store, f"{prefix}/{name}/{n}", file, timeout)
 
 # %% ../nbs/02_persist.ipynb #775f7426
 _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_writer')  # one write at a time

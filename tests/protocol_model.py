@@ -1,6 +1,7 @@
-"""A model check of the save/load protocol: random programs of saves, loads, barriers, writer failures, other runs
-and delays, run on real gloo ranks; every call's outcome on every rank is compared with a small reference model"""
-import os, signal, resource, time
+"""A model check of the save/load protocol: random programs of saves, loads, barriers, writer failures (a full disk,
+a killed writer), other runs and delays, run on real gloo ranks; every call's outcome on every rank is compared with
+a small reference model"""
+import io, os, sys, signal, resource, time
 from pathlib import Path
 import torch, torch.distributed as dist
 
@@ -11,11 +12,18 @@ SAVES = [('save', f, w) for f in FILES for w in ('all', 'main', 'local')]
 FULL = [('save_full', f, w) for f in FILES for w in ('all', 'main')]  # rank 0's disk is full during this save
 LOADS = [('load', f, w) for f in FILES for w in ('all', 'local')] + [('reload', f, 'all') for f in FILES]
 OTHERS = [('other_run', f, 'main') for f in FILES] + [('barrier', None, 'all'), ('collective', None, 'all')]
+# rank 0 is killed inside this save: half-way through writing the file, or once the file is in place; it ends the
+# program, and `torchrun --max-restarts 1` starts the run again
+KILLS = [(k, f, w) for k in ('kill_writing', 'kill_placed') for f in FILES for w in ('all', 'main')]
 
 def generate(rng, nproc, n_ops=None):
     "A random program for `nproc` ranks: a list of `(op, file, who, delays)`; rank r first sleeps `delays[r]` s"
     return [(*rng.choice(SAVES*3 + FULL + LOADS*2 + OTHERS), tuple(rng.choice([0, 0, 0, .02, .1]) for _ in range(nproc)))
             for _ in range(n_ops or rng.randint(3, 12))]
+
+def generate_killed(rng, nproc, kill=None):
+    "A random program whose last op kills rank 0 inside a save (`kill`, one of `KILLS`, or a random one)"
+    return generate(rng, nproc) + [(*(kill or rng.choice(KILLS)), (0,)*nproc)]
 
 def show(ops):
     "`ops`, one per line, as Python that `replay` takes back"
@@ -27,7 +35,10 @@ def expected(ops, nproc):
     "Per op, per rank: `('ok', value)`, `('error', kind)`, or None where the rank does not call it"
     disk, ours, rank0 = {}, {}, []  # ours: does the file still hold this run's last write
     for i,(op,f,who,_) in enumerate(ops):
-        if op in ('save', 'save_full'):
+        if op.startswith('kill'):
+            if op == 'kill_placed': disk[f] = i
+            res = ('killed', None)
+        elif op in ('save', 'save_full'):
             res = ('ok', None) if op == 'save' else ('error', 'CheckpointError')
             if op == 'save': disk[f], ours[f] = i, True
         elif op == 'other_run':
@@ -41,7 +52,13 @@ def expected(ops, nproc):
         rank0.append(res)
     # every rank that calls a save learns the outcome of rank 0's write of that same call: not of a save rank 0 made
     # alone, nor inside `local_io`, at the same place in the run (they are told apart by where they are called from)
-    return [[rank0[i]] + [rank0[i] if who == 'all' else None]*(nproc-1) for i,(op,f,who,_) in enumerate(ops)]
+    return [[rank0[i]] + [rank0[i] if who == 'all' else None]*(nproc-1) for i,(op,f,who,_) in enumerate(ops)], disk
+
+def expected_after_kill(ops, nproc):
+    "What every rank of the restarted run finds: each file as the killed run left it; the killed file saved anew; no temporaries"
+    disk = expected(ops, nproc)[1]
+    found = [('ok', disk[f]) if f in disk else ('error', 'CheckpointNotFoundError') for f in FILES]
+    return [found + [('ok', len(ops)), ('ok', [])]]*nproc
 
 # what each rank runs -------------------------------------------------------------------------------------------------
 
@@ -58,12 +75,33 @@ def _other_run_writes(file):
     tmp = file.parent/f".{file.name}.other"
     torch.save({'weight': torch.full((1, 4), -1.), 'bias': torch.zeros(1)}, tmp); os.replace(tmp, file)
 
+def _killed_while_writing(obj, f, **kwargs):
+    "`torch.save` that writes half of the file, then SIGKILLs this process"
+    buf = io.BytesIO(); _torch_save(obj, buf, **kwargs)
+    with open(f, 'wb') as out: out.write(buf.getvalue()[:len(buf.getvalue())//2])
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def _killed_once_placed(tmp, file):
+    "The library's atomic rename, then SIGKILL of this process"
+    _swap_in(tmp, file); os.kill(os.getpid(), signal.SIGKILL)
+
+def _die_inside(op):
+    "Make this process die inside its next write: half-way through the file (`kill_writing`) or once it is in place"
+    global _torch_save, _swap_in
+    import ddp_safe_fastai.files as files
+    if op == 'kill_writing': _torch_save,torch.save = torch.save,_killed_while_writing
+    else: _swap_in,files._swap_in = files._swap_in,_killed_once_placed
+
 def _call(learn, op, f, who, i):
     "One op of a program on this rank: None if this rank does not take part, else its outcome"
     from ddp_safe_fastai.all import local_io, distrib_barrier, rank_distrib, check_not_replaced
     r = rank_distrib()
     if who != 'all' and r != 0: return None
     with torch.no_grad(): learn.model.weight.fill_(i)
+    if op.startswith('kill'):
+        if r == 0: _die_inside(op)
+        learn.save(f, with_opt=False)
+        return ('killed', None)  # rank 0 is not here any more; the others are stopped by torchrun
     if op in ('save', 'save_full'):
         old = _full_disk() if op == 'save_full' and r == 0 else None
         try:
@@ -99,6 +137,37 @@ def run_program(root, ops):
         except Exception as e: res.append((('error', _kind(e)), f"{type(e).__name__}: {e}"))
     return res
 
+def resume_after_kill(root, ops):
+    "First attempt: `ops`, whose last save kills rank 0; the attempt torchrun restarts: what a resumed run finds"
+    from ddp_safe_fastai.all import restart_attempt, join_launched_group
+    from ddp_safe_fastai.testing import synth_learner
+    join_launched_group()  # as the library joins torchrun's group: a restarted attempt through keys of its own
+    if restart_attempt() == 0: return run_program(root, ops)
+    learn, res = synth_learner(path=Path(root)), []
+    for f in FILES:
+        try: learn.load(f, with_opt=False); res.append(('ok', int(learn.model.weight.flatten()[0].item())))
+        except Exception as e: res.append(('error', _kind(e)))
+    f = ops[-1][1]
+    with torch.no_grad(): learn.model.weight.fill_(len(ops))
+    learn.save(f, with_opt=False); learn.model.weight.data.zero_(); learn.load(f, with_opt=False)
+    res.append(('ok', int(learn.model.weight.flatten()[0].item())))
+    dist.barrier()  # every rank has loaded: what is left beside the files is left for good
+    res.append(('ok', sorted(p.name for p in (learn.path/learn.model_dir).iterdir() if p.name not in {f"{g}.pth" for g in FILES})))
+    return res
+
+def save_while_writer_dies(root, kill):
+    "Every rank saves `a` twice, rank 0 dying inside the second save (`kill`): the others write what their save did"
+    from ddp_safe_fastai.all import rank_distrib, distrib_barrier
+    from ddp_safe_fastai.testing import synth_learner
+    learn, r = synth_learner(path=Path(root)), rank_distrib()
+    learn.save('a', with_opt=False)
+    distrib_barrier()  # every rank has the outcome of the first save
+    if r == 0: _die_inside(kill)
+    t0 = time.monotonic()
+    try: learn.save('a', with_opt=False); got = 'returned'
+    except Exception as e: got = f"{type(e).__name__}: {e}"
+    (Path(root)/f"rank{r}.txt").write_text(f"{time.monotonic()-t0:.1f}\n{got}")
+
 def run_programs(root, programs):
     "Run each program in a directory of its own under `root`; the outcomes of each"
     return [run_program(Path(root)/str(k), ops) for k,ops in enumerate(programs)]
@@ -107,7 +176,7 @@ def run_programs(root, programs):
 
 def mismatches(ops, nproc, outcomes):
     "Where the outcomes of the ranks (`outcomes[rank][op]`) differ from the model, or an error does not name its file"
-    want, bad = expected(ops, nproc), []
+    want, bad = expected(ops, nproc)[0], []
     for i,(op,f,who,_) in enumerate(ops):
         for r in range(nproc):
             got,msg = outcomes[r][i]
@@ -123,6 +192,19 @@ def check(programs, nproc, root, timeout=600):
     bad = [o for o in outs if not o.ok]
     if bad: raise AssertionError('\n'.join(f"{o!r}\n{getattr(o, 'traceback', '')}" for o in bad))
     return [mismatches(ops, nproc, [o.value[k] for o in outs]) for k,ops in enumerate(programs)]
+
+def check_killed(programs, nproc, root, timeout=120):
+    "Run each of `programs` (ending with a killed writer) under `torchrun --max-restarts 1`; per program, its mismatches"
+    from ddp_safe_fastai.launch import torchrun_ranks, free_port
+    res = []
+    for k,ops in enumerate(programs):
+        cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc), '--max-restarts', '1',
+               '--master_addr', '127.0.0.1', '--master_port', str(free_port())]
+        outs = torchrun_ranks(resume_after_kill, str(Path(root)/str(k)), ops, nproc=nproc, timeout=timeout, launcher=cmd, init=False,
+                              env={'DDP_SAFE_TIMEOUT': '20', 'OMP_NUM_THREADS': '1'})
+        got, want = [o.value if o.ok else ('raised', o.error) for o in outs], expected_after_kill(ops, nproc)
+        res.append([f"rank {r}: expected {w}, got {g}" for r,(g,w) in enumerate(zip(got, want)) if g != w])
+    return res
 
 def shrink(ops, nproc, root):
     "A smallest program found by removing ops one at a time from failing `ops`, that still fails"

@@ -1,6 +1,7 @@
 "Issue 12: any order of saves and loads is correct: a fixed, seeded set of random programs on 2 and 3 real ranks"
-import random, pytest
+import sys, random, pytest
 import protocol_model as pm
+from ddp_safe_fastai.launch import torchrun_ranks, free_port, RanksStalled
 
 @pytest.mark.parametrize('nproc,n,seed', [(2, 40, 12), (3, 20, 13)])
 def test_random_programs(tmp_path, nproc, n, seed):
@@ -11,6 +12,26 @@ def test_random_programs(tmp_path, nproc, n, seed):
         ops = pm.shrink(failed[0][0], nproc, tmp_path/'shrink')
         pytest.fail(f"{len(failed)} of {n} programs failed; the first, made minimal:\n{pm.show(ops)}\n"
                     + '\n'.join(pm.check([ops], nproc, tmp_path/'min')[0]))
+
+def test_killed_writer(tmp_path):
+    "Rank 0 killed inside a save, half-way through the file or once it is in place, after a random program; torchrun restarts the run"
+    rng = random.Random(14)
+    programs = [pm.generate_killed(rng, 2, pm.KILLS[i]) for i in (0, 3, 5, 6)]  # each way to die, each caller, both files
+    failed = [(ops, m) for ops,m in zip(programs, pm.check_killed(programs, 2, tmp_path)) if m]
+    assert not failed, '\n\n'.join(f"{pm.show(ops)}\n" + '\n'.join(m) for ops,m in failed)
+
+@pytest.mark.parametrize('kill', ['kill_writing', 'kill_placed'])
+def test_killed_writer_holding_the_store(tmp_path, kill):
+    "Ranks started one by one (as a scheduler does): the store lives in rank 0's process, and dies with it inside a save"
+    ranks = 'for r in 0 1 2; do RANK=$r LOCAL_RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d "$0" "$@" & done; wait'
+    with pytest.raises(RanksStalled, match=r"rank\(s\) \[0\] exited without a result"):
+        torchrun_ranks(pm.save_while_writer_dies, str(tmp_path), kill, nproc=3, timeout=60,
+                       launcher=['bash', '-c', ranks % free_port(), sys.executable], env={'DDP_SAFE_TIMEOUT': '30'})
+    for r in (1, 2):
+        secs, got = (tmp_path/f"rank{r}.txt").read_text().split('\n', 1)
+        assert got.startswith(f"StoreUnreachableError: save {tmp_path}/models/a.pth: the process group's store, in rank 0's process, "
+                              f"cannot be reached"), got
+        assert got.endswith(f"that process ended or was killed; raised on rank {r}") and float(secs) < 10, (secs, got)
 
 def test_issue_cases(tmp_path):
     "The cases of the issue: a save inside local_io, then by every rank; a save by rank 0 alone, then by every rank to a full disk"
