@@ -21,7 +21,7 @@ if __name__ == '__main__':
     with tempfile.TemporaryDirectory() as root:
         if a.replay:
             ops = ast.literal_eval(Path(a.replay).read_text())
-            for n in a.nproc: print(f"{n} ranks:", pm.check([ops], n, Path(root)/str(n))[0] or 'as the model says')
+            for n in a.nproc: print(f"{n} ranks:", pm.check_one(ops, n, Path(root)/str(n)) or 'as the model says')
             sys.exit()
         rng, t0, counts, failed = random.Random(a.seed), time.time(), {}, []
         per = a.programs // len(a.nproc)
@@ -39,13 +39,10 @@ if __name__ == '__main__':
         t1, killed_failed = time.time(), []
         for n in a.nproc:
             progs = [pm.generate_killed(rng, n) for _ in range(a.killed // len(a.nproc))]
-            killed_failed += [(n, ops, m) for ops,m in zip(progs, pm.check_killed(progs, n, Path(root)/f"killed{n}")) if m]
+            killed_failed += [(n, ops) for ops,m in zip(progs, pm.check_killed(progs, n, Path(root)/f"killed{n}")) if m]
         print(f"{a.killed // len(a.nproc) * len(a.nproc)} programs ending with a killed writer ({len(pm.KILLS)} ways): "
               f"{len(killed_failed)} disagree with the model, {time.time()-t1:.0f}s")
-        for n,ops,m in killed_failed[:1]: print(f"{n} ranks:\n{pm.show(ops)}\n" + '\n'.join(m))
-        if failed:
-            n, ops = failed[0]
+        for n,ops in (failed + killed_failed)[:1]:
             small = pm.shrink(ops, n, Path(root)/'shrink')
-            print(f"smallest failing program ({n} ranks):\n{pm.show(small)}\n" + '\n'.join(pm.check([small], n, Path(root)/'min')[0]))
+            print(f"smallest failing program ({n} ranks):\n{pm.show(small)}\n" + '\n'.join(pm.check_one(small, n, Path(root)/'min')))
             sys.exit(1)
-        if killed_failed: sys.exit(1)
