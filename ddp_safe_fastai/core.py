@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #88d9ff79
 from __future__ import annotations
-import os, pickle, socket, warnings, importlib, threading, queue
+import os, pickle, socket, warnings, importlib, threading, queue, atexit
 from contextlib import contextmanager, suppress
 from datetime import timedelta
 import torch, torch.distributed as dist
@@ -214,9 +214,9 @@ _to_delete = queue.Queue()  # (store, keys) that no meeting reads any more
 _deleter = None
 
 def _delete_forever():
-    "Remove the keys handed to `_delete_later`, one message each, as they come"
-    while True:
-        store,keys = _to_delete.get()
+    "Remove the keys handed to `_delete_later`, one message each, as they come, until told to stop (None)"
+    while (item := _to_delete.get()) is not None:
+        store,keys = item
         for k in keys:
             with suppress(Exception): store.delete_key(k) # else the store went with the run
         _to_delete.task_done()
@@ -228,6 +228,11 @@ def _delete_later(store, keys):
     if _deleter is None or not _deleter.is_alive(): # also in a child forked after the thread started
         _deleter = threading.Thread(target=_delete_forever, daemon=True, name='ddp_safe_fastai: old meeting keys')
         _deleter.start()
+
+@atexit.register
+def _stop_deleting(timeout=10):
+    "Let the removals end before the interpreter does: a thread still inside the store's C++ code then aborts the process"
+    if _deleter is not None and _deleter.is_alive(): _to_delete.put(None); _deleter.join(timeout)
 
 # %% ../nbs/00_core.ipynb #a363c003
 def _gather(store, meeting, n, what, timeout):
