@@ -210,13 +210,17 @@ def ends_killed(ops):
     "Does the program `ops` end with a killed writer?"
     return ops[-1][0].startswith('kill')
 
+def checker(ops):
+    "What checks programs like `ops`: `check_killed` if it ends with a killed writer, else `check`"
+    return check_killed if ends_killed(ops) else check
+
 def check_one(ops, nproc, root):
     "The mismatches of one program, killed writer or not"
-    return (check_killed if ends_killed(ops) else check)([ops], nproc, root)[0]
+    return checker(ops)([ops], nproc, root)[0]
 
 def shrink(ops, nproc, root):
     "A smallest program found by removing ops one at a time from failing `ops`, that still fails (a killed writer stays last)"
-    run = check_killed if ends_killed(ops) else check
+    run = checker(ops)
     while len(ops) > 1:
         cands = [ops[:i] + ops[i+1:] for i in range(len(ops) - ends_killed(ops))]
         failing = [c for c,m in zip(cands, run(cands, nproc, Path(root)/f"shrink{len(ops)}")) if m]
