@@ -51,7 +51,7 @@ def per_meeting(protocol, n, reps):
 if __name__ == '__main__':
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument('--ranks', type=int, nargs='+', default=[8, 64, 256, 512, 1024])
-    p.add_argument('--reps', type=int, default=5)
+    p.add_argument('--reps', type=int, default=10)
     p.add_argument('--plot', default=str(Path(__file__).parent.parent/'nbs/images/meeting_scale.png'))
     a = p.parse_args()
     cols = {'all-to-all (before)': all_to_all, 'meet, store in rank 0': meet,
