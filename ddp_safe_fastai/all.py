@@ -6,15 +6,16 @@
 __all__ = []
 
 # %% ../nbs/99_all.ipynb #6d42282d
-from . import core, files, persist, distributed, learner, text, callback, checkpoint
+from . import core, files, persist, distributed, learner, text, writers, callback, checkpoint
 from .core import *
 from .files import *
 from .persist import *
 from .distributed import *
 from .learner import *
 from .text import *
+from .writers import *
 from .callback import *
 from .checkpoint import *
 
-__all__ = [*core.__all__, *files.__all__, *persist.__all__, *distributed.__all__, *learner.__all__, *text.__all__, *callback.__all__,
+__all__ = [*core.__all__, *files.__all__, *persist.__all__, *distributed.__all__, *learner.__all__, *text.__all__, *writers.__all__, *callback.__all__,
            *checkpoint.__all__]

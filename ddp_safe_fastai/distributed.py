@@ -6,6 +6,7 @@
 from __future__ import annotations
 import os, sys, warnings, importlib.abc, importlib.util
 from contextlib import contextmanager
+from functools import partial
 import torch, torch.distributed as dist
 from torch import nn
 from fastcore.basics import *
@@ -16,7 +17,7 @@ from .core import *
 
 
 # %% auto #0
-__all__ = ['fastai_defaults_kept', 'fastai_original', 'rebind_fastai', 'share_launch_env']
+__all__ = ['fastai_defaults_kept', 'fastai_original', 'rebind_fastai', 'share_launch_env', 'setup_distrib', 'rank0_first']
 
 # %% ../nbs/03_distributed.ipynb #8646cfc6
 _progress = 'fastai.callback.progress'
@@ -43,7 +44,7 @@ def fastai_defaults_kept():
         defaults.callbacks[:] = cbs
         if not shown and _progress in sys.modules: _set_aside.module = sys.modules.pop(_progress)
 
-with fastai_defaults_kept(): from fastai.distributed import DistributedDL, DistributedTrainer
+with fastai_defaults_kept(): import fastai.distributed; from fastai.distributed import DistributedDL, DistributedTrainer
 
 # %% ../nbs/03_distributed.ipynb #09ca8b99
 def fastai_original(o, name):
@@ -121,3 +122,22 @@ def after_iter(self:DistributedDL):
     "End the pass as the wrapped loader's own `__iter__` would: its iterator over the dataset goes"
     self.dl.after_iter()
     if hasattr(self.dl, 'it'): del self.dl.it
+
+# %% ../nbs/03_distributed.ipynb #30f4b999
+def setup_distrib(gpu=None): # fastai passes the global rank; None: no distributed run
+    "Join the launcher's process group for fastai's notebook flow: gloo on CPU, nccl on this node's GPU `LOCAL_RANK`"
+    if gpu is None: return gpu
+    if torch.cuda.is_available(): torch.cuda.set_device(local_rank_distrib())
+    join_launched_group()
+    return gpu
+
+rebind_fastai(fastai.distributed, 'setup_distrib', setup_distrib)
+
+# %% ../nbs/03_distributed.ipynb #f59a3dcd
+def rank0_first(func, *args, **kwargs):
+    "Run `func(*args, **kwargs)` on rank 0 first, then on the other ranks; inside, every process acts alone"
+    if args or kwargs: func = partial(func, *args, **kwargs)
+    if join_launched_group(): share_launch_env()
+    with main_process_first(), local_io(): return func()
+
+rebind_fastai(fastai.distributed, 'rank0_first', rank0_first)

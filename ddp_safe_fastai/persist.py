@@ -19,8 +19,8 @@ from .files import *
 
 # %% auto #0
 __all__ = ['call_site', 'host_copy', 'stage_for_save', 'replaced_since_written', 'flush_saves', 'check_not_replaced',
-           'save_on_main', 'split_kwargs', 'save_state', 'prepare_dir', 'dir_is_shared', 'read_on_all', 'is_torch_zip',
-           'fastai_torch_load', 'load_state']
+           'save_on_main', 'split_kwargs', 'save_state', 'prepare_dir', 'dir_is_shared', 'once_per_disk', 'read_on_all',
+           'is_torch_zip', 'fastai_torch_load', 'load_state']
 
 # %% ../nbs/02_persist.ipynb #a6f5bf2d
 def _save_prefix(scope):
@@ -340,6 +340,24 @@ def _broadcast_bytes(data, src=0):
     return buf.cpu().numpy().tobytes()
 
 def _broadcast_files(): return os.environ.get('DDP_SAFE_BROADCAST_FILES', '1') != '0'
+
+# %% ../nbs/02_persist.ipynb #18f3e08b
+def _nearest_dir(path):
+    "`path`, or its nearest ancestor that exists"
+    path = Path(path).absolute()
+    while not path.is_dir() and path != path.parent: path = path.parent
+    return path
+
+def once_per_disk(target, # the file or folder that `make` writes
+                  make, # makes it; runs on one process per disk that holds `target`
+                  what): # the operation, for meetings and messages (the same on every rank)
+    "`make()` on one process per disk that holds `target`, the others waiting for it; None on the others"
+    if not join_launched_group(): return make()
+    shared = dir_is_shared(_nearest_dir(Path(target).parent), what=what)
+    scope = 'node' if shared is False else 'global'
+    with main_process_first(scope):
+        if is_main_process(scope):
+            with local_io(): return make()
 
 # %% ../nbs/02_persist.ipynb #22212642
 _alone_hint = ("Under DDP every rank must call it. To load on this rank alone (an evaluation on rank 0, say), "

@@ -4,21 +4,27 @@
 
 # %% ../nbs/20_text.ipynb #cfc80c7c
 from __future__ import annotations
+from collections import Counter
+from functools import partial
+from pathlib import Path
 from fastcore.basics import *
 from fastai.torch_core import get_model
 from fastai.learner import Learner, join_path_file
 from fastcore.meta import delegates
 from .core import *
+from .files import atomic_write
 from .persist import *
 from .learner import load_device, model_file
-from .distributed import fastai_original, fastai_defaults_kept
+from .distributed import fastai_original, fastai_defaults_kept, rebind_fastai
 with fastai_defaults_kept():
+    import fastai.text.core
+    from fastai.text.core import fn_counter_pkl
     from fastai.text.learner import TextLearner, clean_raw_keys
     from fastai.text.data import LMDataLoader
     from fastai.distributed import DistributedDL
 
 # %% auto #0
-__all__ = []
+__all__ = ['save_pickle_whole', 'tokenize_files_once', 'tokenize_csv']
 
 # %% ../nbs/20_text.ipynb #03ab74d3
 def _encoder(learn):
@@ -53,6 +59,46 @@ def load_encoder(self:TextLearner,
 def load(self:TextLearner, file, **kwargs):
     "`Learner.load`: on every rank, once the main process has finished writing, weights only"
     return Learner.load(self, file, **kwargs)
+
+# %% ../nbs/20_text.ipynb #3efba0e6
+_fastai_save_pickle = fastai_original(fastai.text.core, 'save_pickle')
+
+def save_pickle_whole(fn, # the file
+                      o): # what to pickle; a `Counter` is written with its ties in a fixed order
+    "fastcore's `save_pickle`, atomically: a killed writer leaves the previous file or none, never part of one"
+    if isinstance(o, Counter): o = Counter(dict(sorted(o.items(), key=lambda kv: (-kv[1], str(kv[0])))))
+    atomic_write(Path(fn), lambda tmp: _fastai_save_pickle(tmp, o))
+
+fastai.text.core.save_pickle = save_pickle_whole  # fastai's text module writes its caches through it
+
+# %% ../nbs/20_text.ipynb #1424f472
+_fastai_tokenize_files = fastai_original(fastai.text.core, '_tokenize_files')
+
+def _tokenize_here(func, files, path, out, skip_if_exists, **kwargs):
+    "Tokenize into `out` on this process, unless a whole cache is there; the mark of a whole cache goes first"
+    if skip_if_exists and (out/fn_counter_pkl).is_file(): return out
+    (out/fn_counter_pkl).unlink(missing_ok=True)
+    return _fastai_tokenize_files(func, files, path, output_dir=out, skip_if_exists=False, **kwargs)
+
+@delegates(_fastai_tokenize_files)
+def tokenize_files_once(func, files, path, output_dir=None, skip_if_exists=False, **kwargs):
+    "fastai's `_tokenize_files` on one process per disk; the other ranks wait until the cache is whole"
+    out = Path(ifnone(output_dir, Path(path).parent/f'{Path(path).name}_tok'))
+    once_per_disk(out, partial(_tokenize_here, func, files, path, out, skip_if_exists, **kwargs), f"tokenize {out.name}")
+    return out
+
+fastai.text.core._tokenize_files = tokenize_files_once
+
+# %% ../nbs/20_text.ipynb #72f33735
+_fastai_tokenize_csv = fastai_original(fastai.text.core, 'tokenize_csv')
+
+@delegates(_fastai_tokenize_csv)
+def tokenize_csv(fname, text_cols, outname=None, **kwargs):
+    "fastai's `tokenize_csv` on one process per disk; the other ranks wait until the file is whole"
+    out = Path(ifnone(outname, Path(fname).parent/f'{Path(fname).stem}_tok.csv'))
+    once_per_disk(out, partial(_fastai_tokenize_csv, fname, text_cols, outname=out, **kwargs), f"tokenize_csv {out.name}")
+
+rebind_fastai(fastai.text.core, 'tokenize_csv', tokenize_csv)
 
 # %% ../nbs/20_text.ipynb #1a7f5f66
 def _whole_batches(idxs, bs, rank, world_size):
