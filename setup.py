@@ -1,9 +1,12 @@
 "Install `ddp_safe_fastai` from `settings.ini`, the single source of truth (no `pkg_resources`)"
 from configparser import ConfigParser
+from pathlib import Path
 import setuptools
 
+here = Path(__file__).resolve().parent  # not the working directory: pip and build may run this from elsewhere
 cfg = ConfigParser(delimiters=['='])
-cfg.read('settings.ini', encoding='utf-8')
+if not cfg.read(here/'settings.ini', encoding='utf-8'):
+    raise FileNotFoundError(f"{here/'settings.ini'} is missing: the sdist must carry it (MANIFEST.in)")
 cfg = cfg['DEFAULT']
 licenses = {'apache2': 'Apache-2.0'}
 statuses = ['Planning', 'Pre-Alpha', 'Alpha', 'Beta', 'Production/Stable', 'Mature', 'Inactive']
@@ -13,8 +16,9 @@ scripts = [s.strip() for s in cfg.get('console_scripts', '').split('\n') if s.st
 
 setuptools.setup(
     name=cfg['lib_name'], version=cfg['version'], description=cfg['description'],
-    long_description=open('README.md', encoding='utf-8').read(), long_description_content_type='text/markdown',
+    long_description=(here/'README.md').read_text(encoding='utf-8'), long_description_content_type='text/markdown',
     author=cfg['author'], author_email=cfg['author_email'], license=licenses[cfg['license']], url=cfg['git_url'],
+    license_files=['LICENSE'],
     keywords=cfg['keywords'], packages=setuptools.find_packages(include=[cfg['lib_path'], cfg['lib_path']+'.*']),
     include_package_data=True, zip_safe=False, python_requires='>=' + min_python,
     install_requires=cfg.get('requirements', '').split(),
