@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_distributed.ipynb #f75ca3ec
 from __future__ import annotations
-import os, sys, warnings, importlib.abc, importlib.util
+import os, sys, warnings, importlib.abc, importlib.util, importlib.machinery
 from contextlib import contextmanager
 from functools import partial
 import torch, torch.distributed as dist
@@ -17,7 +17,8 @@ from .core import *
 
 
 # %% auto #0
-__all__ = ['fastai_defaults_kept', 'fastai_original', 'rebind_fastai', 'share_launch_env', 'setup_distrib', 'rank0_first']
+__all__ = ['fastai_defaults_kept', 'fastai_original', 'rebind_fastai', 'when_imported', 'share_launch_env', 'setup_distrib',
+           'rank0_first']
 
 # %% ../nbs/03_distributed.ipynb #8646cfc6
 _progress = 'fastai.callback.progress'
@@ -60,6 +61,29 @@ def rebind_fastai(home, # the fastai module that defines `name`
     for mod in list(sys.modules.values()):
         if getattr(mod, '__name__', '').startswith('fastai') and vars(mod).get(name) is old: setattr(mod, name, new)
 
+# %% ../nbs/03_distributed.ipynb #3cc9e395
+class _AfterImport(importlib.abc.MetaPathFinder):
+    "Runs the functions registered for a module right after the module is first imported"
+    todo = {}
+    def find_spec(self, name, path=None, target=None):
+        if name not in self.todo: return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None: return None
+        run,exec_module = self.todo.pop(name),spec.loader.exec_module
+        def exec_then_change(module):
+            exec_module(module)
+            for f in run: f(module)
+        spec.loader.exec_module = exec_then_change
+        return spec
+
+sys.meta_path.insert(0, _AfterImport())
+
+def when_imported(name, # a fastai module
+                  f): # called with the module
+    "Call `f(module)` once module `name` is imported: now if it already is"
+    if name in sys.modules: return f(sys.modules[name])
+    _AfterImport.todo.setdefault(name, []).append(f)
+
 # %% ../nbs/03_distributed.ipynb #eaf8ebe8
 for _f in (rank_distrib, num_distrib, distrib_barrier): rebind_fastai(fastai.torch_core, _f.__name__, _f)
 
@@ -87,6 +111,8 @@ def __init__(self:DistributedTrainer, sync_bn=True, **kwargs):
     kwargs.setdefault('cpu', not cuda)
     _trainer_init(self, sync_bn and cuda, **kwargs)
     self.bn_per_rank = sync_bn and not cuda  # `SyncBatchNorm` runs on CUDA only
+
+_fastai_broadcast = fastai_original(DistributedDL, '_broadcast')
 
 @patch
 def _broadcast(self:DistributedDL, t, rank):
@@ -117,6 +143,8 @@ def before_fit(self:DistributedTrainer):
     _trainer_before_fit(self)
 
 # %% ../nbs/03_distributed.ipynb #2b4ad980
+_fastai_after_iter = fastai_original(DistributedDL, 'after_iter')
+
 @patch
 def after_iter(self:DistributedDL):
     "End the pass as the wrapped loader's own `__iter__` would: its iterator over the dataset goes"

@@ -63,6 +63,8 @@ def load_device(learn, device):
     return rank_device() if group_ready() else getattr(learn.dls, 'device', None) or 'cpu'
 
 # %% ../nbs/10_learner.ipynb #297f3ff9
+_fastai_save,_fastai_load = fastai_original(Learner, 'save'),fastai_original(Learner, 'load')
+
 @patch
 @delegates(save_state, but='obj')
 def save(self:Learner, 
@@ -113,6 +115,8 @@ def _export_to(learn, file, pickle_module=cloudpickle, pickle_protocol=2):
         learn.create_opt()
         if state is not None: learn.opt.load_state_dict(state)
         learn.dls = old_dls
+
+_fastai_export = fastai_original(Learner, 'export')
 
 @patch
 @delegates(save_on_main, but='write,async_save')

@@ -18,7 +18,7 @@ from .learner import load_device, model_file
 from .distributed import fastai_original, fastai_defaults_kept, rebind_fastai
 with fastai_defaults_kept():
     import fastai.text.core
-    from fastai.text.core import fn_counter_pkl
+    from fastai.text.core import fn_counter_pkl, SentencePieceTokenizer
     from fastai.text.learner import TextLearner, clean_raw_keys
     from fastai.text.data import LMDataLoader
     from fastai.distributed import DistributedDL
@@ -31,6 +31,8 @@ def _encoder(learn):
     "The encoder of a text model, unwrapped from DDP"
     enc = get_model(learn.model)[0]
     return getattr(enc, 'module', enc)
+
+_fastai_save_encoder,_fastai_load_encoder = fastai_original(TextLearner, 'save_encoder'),fastai_original(TextLearner, 'load_encoder')
 
 @patch
 @delegates(save_on_main, but='write,async_save')
@@ -54,6 +56,8 @@ def load_encoder(self:TextLearner,
     return self
 
 # %% ../nbs/20_text.ipynb #b1cf3224
+_fastai_text_load = fastai_original(TextLearner, 'load')
+
 @patch
 @delegates(Learner.load)
 def load(self:TextLearner, file, **kwargs):
@@ -99,6 +103,20 @@ def tokenize_csv(fname, text_cols, outname=None, **kwargs):
     once_per_disk(out, partial(_fastai_tokenize_csv, fname, text_cols, outname=out, **kwargs), f"tokenize_csv {out.name}")
 
 rebind_fastai(fastai.text.core, 'tokenize_csv', tokenize_csv)
+
+# %% ../nbs/20_text.ipynb #990c5260
+_fastai_spm_setup = fastai_original(SentencePieceTokenizer, 'setup')
+
+@patch(nm='setup')
+def _spm_setup(self:SentencePieceTokenizer, items, rules=None):
+    "fastai's `setup` once per disk: the other ranks load the model it trained"
+    if self.tok is not None: return _fastai_spm_setup(self, items, rules)
+    model = self.cache_dir/'spm.model'
+    once_per_disk(model, partial(_fastai_spm_setup, self, items, rules), f"SentencePieceTokenizer {model}")
+    if self.tok is None:
+        from sentencepiece import SentencePieceProcessor
+        self.tok = SentencePieceProcessor(model_file=str(model))
+    return {'sp_model': model}
 
 # %% ../nbs/20_text.ipynb #1a7f5f66
 def _whole_batches(idxs, bs, rank, world_size):

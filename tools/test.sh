@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The whole suite in both environments: "dev" (nbdev 2.4.14, fastcore 1.14, fastai 2.8.7) and "latest" (fastai 2.8.12)
+# "dev" (nbdev 2.4.14, fastcore 1.14, fastai 2.8.7): notebooks, lint, packaging, the documentation site, and the tests
+# that pin fastai 2.8.7 (drop-in behaviour, the table of changes, the census of writers); "latest" (fastai 2.8.12, what
+# `pip install fastai` gives a user): the whole behavioural suite, once
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/env.sh dev
@@ -16,9 +18,11 @@ if [ -n "$(git status --porcelain -uno)" ]; then
 fi
 echo "== dev: pyflakes"
 tools/lint.sh
+echo "== packaging: sdist and wheel built, twine-checked, installed outside the repository, README example run"
+tools/package.sh
 echo "== dev: notebooks run and rendered with their outputs (the documentation site, _docs/)"
 tools/docs.sh
-echo "== dev: behavioural tests"
-(cd tests && ../.venv-dev/bin/python -m pytest "${pytest_args[@]}")
+echo "== dev: fastai 2.8.7 pinned: drop-in behaviour, the table of changes, the census of writers"
+(cd tests && ../.venv-dev/bin/python -m pytest "${pytest_args[@]}" test_dropin.py test_fastai_changes.py)
 echo "== latest: behavioural tests"
 (cd tests && ../.venv-latest/bin/python -m pytest "${pytest_args[@]}")
