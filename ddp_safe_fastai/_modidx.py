@@ -467,7 +467,10 @@ d = { 'settings': { 'branch': 'main',
                                          'ddp_safe_fastai.writers._log_name': ('writers.html#_log_name', 'ddp_safe_fastai/writers.py'),
                                          'ddp_safe_fastai.writers.attrs_replaced': ( 'writers.html#attrs_replaced',
                                                                                      'ddp_safe_fastai/writers.py'),
+                                         'ddp_safe_fastai.writers.fastai_cfg': ('writers.html#fastai_cfg', 'ddp_safe_fastai/writers.py'),
+                                         'ddp_safe_fastai.writers.locked_file': ('writers.html#locked_file', 'ddp_safe_fastai/writers.py'),
                                          'ddp_safe_fastai.writers.once_per_dest': ( 'writers.html#once_per_dest',
                                                                                     'ddp_safe_fastai/writers.py'),
                                          'ddp_safe_fastai.writers.several_ranks': ( 'writers.html#several_ranks',
-                                                                                    'ddp_safe_fastai/writers.py')}}}
+                                                                                    'ddp_safe_fastai/writers.py'),
+                                         'ddp_safe_fastai.writers.untar_data': ('writers.html#untar_data', 'ddp_safe_fastai/writers.py')}}}
