@@ -22,6 +22,9 @@ echo "== packaging: sdist and wheel built, twine-checked, installed outside the 
 tools/package.sh
 echo "== dev: notebooks run and rendered with their outputs (the documentation site, _docs/)"
 tools/docs.sh
+echo "== dev: the site in headless Chromium: links, anchors and images resolve, search lands on an entry, 375 px layout"
+command -v chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
+.venv-dev/bin/python tools/browser_check.py
 echo "== dev: fastai 2.8.7 pinned: drop-in behaviour, the table of changes, the census of writers"
 (cd tests && ../.venv-dev/bin/python -m pytest "${pytest_args[@]}" test_dropin.py test_fastai_changes.py)
 echo "== latest: behavioural tests"
