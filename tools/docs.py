@@ -43,7 +43,7 @@ def _entry(md, commit):
         n, name = len(m.group(1)), m.group(2).replace('\\', '')
         link = f' <a class="src" href="{src.group(1).replace("/blob/" + CFG["branch"] + "/", f"/blob/{commit}/")}">source</a>' if src else ''
         return f'<h{n} id="{name.lower()}">{html.escape(name)}<a class="anchor-link" href="#{name.lower()}">¶</a>{link}</h{n}>'
-    return re.sub(r'^(#{2,4}) (\S+)\s*$', head, md.lstrip(), count=1, flags=re.M)
+    return re.sub(r'^(#{2,4}) (\S+)[ \t]*$', head, md.lstrip(), count=1, flags=re.M)
 
 def _build_paths():
     "This machine's paths, as they appear in outputs, and what the site shows instead"
@@ -150,7 +150,7 @@ def _linked(body, targets):
         return f'<a href="{targets[name]}"><code>{m.group(2)}</code></a>'
     return re.sub(r'(<a [^>]*>)?(?<!<pre>)<code>([\w.]+(?:\(\))?)</code>', link, body)
 
-_css = """body{margin:0;padding-top:3rem} header.top{position:fixed;top:0;left:0;right:0;height:3rem;z-index:20;display:flex;
+_css = """body{margin:0} [id]{scroll-margin-top:3.5rem} header.top{position:fixed;top:0;left:0;right:0;height:3rem;z-index:20;display:flex;
 align-items:center;gap:.75rem;padding:0 1rem;background:#1f2d3d;font:15px sans-serif} header.top a{color:#fff;text-decoration:none}
 header.top .brand{font-weight:bold;white-space:nowrap} header.top .repo{margin-left:auto} header.top button{display:none;
 font-size:1.3rem;background:none;border:0;color:#fff;cursor:pointer} .search{position:relative;flex:0 1 22rem;min-width:6rem}
@@ -160,14 +160,14 @@ box-shadow:0 2px 10px #0004;max-height:70vh;overflow:auto} .search ol:empty{disp
 padding:.4rem .7rem;color:#123} .search li a.on,.search li a:hover{background:#e8eef7} .search small{color:#678;margin-left:.5rem}
 nav.site{position:fixed;top:3rem;left:0;bottom:0;width:15rem;overflow:auto;padding:.5rem 1rem;background:#f6f7f9;
 border-right:1px solid #ddd;font:14px/1.4 sans-serif;z-index:10} nav.site a{display:block;margin:.5rem 0;color:#224;
-text-decoration:none} nav.site a.here{font-weight:bold} nav.site small{display:block;color:#667;font-weight:normal}
-main.page{margin-left:17rem;max-width:60rem;padding:1rem 2rem;min-width:0} nav.toc{font:14px/1.4 sans-serif;border-left:3px solid
+text-decoration:none} nav.site a.here{font-weight:bold} nav.site small{display:block;color:#667;font-weight:normal;overflow-wrap:anywhere}
+main.page{margin-left:17rem;max-width:60rem;padding:4rem 2rem 1rem;min-width:0} nav.toc{font:14px/1.4 sans-serif;border-left:3px solid
 #cdd;padding:.2rem .8rem;margin:.5rem 0 1rem} nav.toc a{display:block;color:#246;text-decoration:none} nav.toc a.h3{padding-left:1rem}
-a.src{font:normal 13px sans-serif;margin-left:.8rem;vertical-align:middle} .jp-RenderedHTMLCommon table{display:block;overflow-x:auto}
+a.src{font:normal 13px sans-serif;margin-left:.8rem;vertical-align:middle} a code{color:#0550ae} .jp-RenderedHTMLCommon table{display:block;overflow-x:auto}
 .jp-OutputArea-output pre{white-space:pre-wrap;word-break:break-word}
 @media (min-width:1500px){nav.toc{position:fixed;top:4rem;left:calc(17rem + 64rem);width:13rem;max-height:80vh;overflow:auto}}
 @media (max-width:900px){header.top button{display:block} nav.site{display:none;width:min(18rem,85vw);box-shadow:2px 0 10px #0003}
-body.menu nav.site{display:block} main.page{margin-left:0;padding:.5rem .8rem} header.top .repo{display:none}}"""
+body.menu nav.site{display:block} main.page{margin-left:0;padding:3.5rem .8rem .5rem} header.top .repo{display:none}}"""
 
 _js = """function search(q){q=q.trim().toLowerCase();if(!q)return[];const r=[];
 for(const [t,u,k] of SEARCH){const l=t.toLowerCase(),i=l.indexOf(q);if(i<0)continue;
