@@ -220,7 +220,7 @@ fastai_writers = [
     Writer('fastai.text.learner:language_model_learner', "the pretrained weights: `untar_data`", SAFE, "fastdownload's lock", 'test_untar.py::test_torchrun'),
     Writer('fastai.text.learner:text_classifier_learner', "the pretrained weights: `untar_data`", SAFE, "fastdownload's lock", 'test_untar.py::test_torchrun'),
     Writer('fastai.callback.tensorboard:TensorBoardBaseCallback._setup_writer', "every process was rank 0 under `mp.spawn` and `notebook_launcher`",
-           SAFE, "fastai's guard, `rank_distrib()`, sees the process group (`distributed`)", 'test_foundation.py::test_rank_detection'),
+           SAFE, "fastai's guard, `rank_distrib()`, sees the process group (`distributed`)", 'test_writers.py::test_tensorboard_logs_once'),
     Writer('fastai.callback.wandb:log_model', "as TensorBoard's writer: called on rank 0 alone", SAFE,
            "fastai's guard, `rank_distrib()`, sees the process group (`distributed`)", 'test_foundation.py::test_rank_detection'),
     Writer('fastai.vision.core:Image.Image.to_bytes_format', "none: it saves into memory (`BytesIO`)", SAFE, "no file is written", ''),

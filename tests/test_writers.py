@@ -117,3 +117,8 @@ def test_killed_tokenizer_leaves_no_whole_cache(tmp_path):
     tokenize_folder(tmp_path/'txt', n_workers=0)  # what `TextDataLoaders.from_folder` calls next time
     count = load_pickle(out/'counter.pkl')
     assert 'lion' in count and 'cat' not in count  # the vocabulary of the texts as they are, tokenized again
+
+@pytest.mark.skipif(importlib.util.find_spec('tensorboard') is None, reason="tensorboard is installed in the 'latest' environment")
+def test_tensorboard_logs_once(run, tmp_path):
+    "fastai's `TensorBoardCallback` writes on `rank_distrib() == 0`, which is every process under `mp.spawn` without this library"
+    assert run(w.tensorboard_logs, str(tmp_path)) == [1, 1]  # one event file: rank 0's

@@ -137,3 +137,10 @@ def image_folders(root, urls):
     resize_images(Path(root)/'downloaded', max_size=8, dest=Path(root)/'small', max_workers=0)
     return dict(downloaded=len(get_image_files(Path(root)/'downloaded')), small=len(get_image_files(Path(root)/'small')),
                 broken=len(verify_images(get_image_files(Path(root)/'small'))), downloads=len(calls))
+
+def tensorboard_logs(root):
+    "A fit in `distrib_ctx` with fastai's `TensorBoardCallback`: how many event files its log folder holds"
+    from fastai.callback.tensorboard import TensorBoardCallback
+    learn = mlp_learner(root)
+    with learn.distrib_ctx(): learn.fit(2, 1e-2, cbs=TensorBoardCallback(Path(root)/'tb', trace_model=False, log_preds=False))
+    return len(list((Path(root)/'tb').glob('events.out.tfevents.*')))
