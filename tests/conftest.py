@@ -1,5 +1,5 @@
 "Multi-process tests start real ranks the two ways users do: `torchrun`, and `torch.multiprocessing.spawn` with no launcher environment"
-import os, subprocess, pytest
+import os, importlib, subprocess, pytest
 from ddp_safe_fastai.launch import spawn_ranks, torchrun_ranks
 
 os.environ.setdefault('DDP_SAFE_TIMEOUT', '60')  # a stuck meeting fails a test within a minute, naming the ranks
@@ -18,6 +18,11 @@ def values(outcomes):
     bad = [o for o in outcomes if not o.ok]
     assert not bad, '\n'.join(f"{o!r}\n{getattr(o, 'traceback', '')}" for o in bad)
     return [o.value for o in outcomes]
+
+def torchvision_imports():
+    "Does torchvision import here (not beside the 'dev' environment's small CPU torch)?"
+    try: importlib.import_module('torchvision'); return True
+    except Exception: return False
 
 def _can_mount():
     "Can this process make a mount namespace of its own and bind-mount in it (root)?"

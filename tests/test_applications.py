@@ -1,15 +1,12 @@
 "Issue 10: the four fastai applications in `examples/`, run as users run them, under torchrun and accelerate launch"
-import os, sys, json, time, importlib, subprocess
+import os, sys, json, time, subprocess
 from pathlib import Path
 import pytest
 from ddp_safe_fastai.launch import free_port, kill_tree
+from conftest import torchvision_imports
 
 EXAMPLES = Path(__file__).parent.parent/'examples'
 BIN = Path(sys.executable).parent
-
-def _torchvision_imports():
-    try: importlib.import_module('torchvision'); return True
-    except Exception: return False
 
 def launch_cmd(launcher, script, path):
     port = str(free_port())
@@ -48,7 +45,7 @@ FILES = {  # what each example leaves: one copy of each file, written by rank 0 
 @pytest.mark.parametrize('launcher', ['torchrun', 'accelerate'])
 @pytest.mark.parametrize('app', list(FILES))
 def test_application(app, launcher, tmp_path):
-    if app == 'vision' and not _torchvision_imports():
+    if app == 'vision' and not torchvision_imports():
         pytest.skip("torchvision does not import beside this environment's torch (the dev environment's small CPU "
                     "wheel): the vision example runs in the 'latest' environment")
     rep = run_example(launcher, app, tmp_path/app)

@@ -3,7 +3,7 @@ import sys, json, time, shutil, importlib, subprocess
 from pathlib import Path
 import pytest
 import writer_scenarios as w
-from conftest import values, needs_mounts, own_disks
+from conftest import values, needs_mounts, own_disks, torchvision_imports
 from ddp_safe_fastai.launch import torchrun_ranks, spawn_ranks, free_port
 
 def accelerate_cmd():
@@ -90,11 +90,7 @@ def test_tokenizer_cache_per_node(tmp_path):
     assert r0['vocab'] == r1['vocab'] and r0['tokenized'] == r1['tokenized'] == 1
     for d in disks: assert (d/'txt_tok'/'counter.pkl').exists()
 
-def _torchvision_imports():
-    try: importlib.import_module('torchvision'); return True
-    except Exception: return False
-
-@pytest.mark.skipif(not _torchvision_imports(), reason="torchvision does not import beside the 'dev' environment's torch")
+@pytest.mark.skipif(not torchvision_imports(), reason="torchvision does not import beside the 'dev' environment's torch")
 def test_image_folders(tmp_path):
     from PIL import Image
     (tmp_path/'web').mkdir()
