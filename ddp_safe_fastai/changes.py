@@ -246,6 +246,6 @@ def unlisted_writers(root=None): # a fastai package folder (default: the install
 def census_table():
     "The census as a markdown table, with the count of writers that are safe under DDP"
     safe = [w for w in fastai_writers if w.does != LEFT]
-    rows = [f"| `{w.where}` | {w.wrong} | {w.does}: {w.how} | {w.test and f'`{w.test}`'} |" for w in fastai_writers]
+    rows = [f"| `{w.where.replace('|', chr(92)+'|')}` | {w.wrong} | {w.does}: {w.how} | {w.test and f'`{w.test}`'} |" for w in fastai_writers]
     return '\n'.join([f"fastai's writers: {len(safe)} of {len(fastai_writers)} safe under DDP", '',
                       '| fastai function | under DDP, without this library | with it | test |', '|---|---|---|---|', *rows])
