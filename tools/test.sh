@@ -23,7 +23,7 @@ tools/package.sh
 echo "== dev: notebooks run and rendered with their outputs (the documentation site, _docs/)"
 tools/docs.sh
 echo "== dev: the site in headless Chromium: links, anchors and images resolve, search lands on an entry, 375 px layout"
-command -v chromium || { apt-get update -qq && apt-get install -y -qq chromium; }
+command -v "${CHROMIUM:-chromium}" || { apt-get update -qq && apt-get install -y -qq chromium; }  # CHROMIUM: another build (GitHub: google-chrome)
 .venv-dev/bin/python tools/browser_check.py
 echo "== dev: fastai 2.8.7 pinned: drop-in behaviour, the table of changes, the census of writers"
 (cd tests && ../.venv-dev/bin/python -m pytest "${pytest_args[@]}" test_dropin.py test_fastai_changes.py)
