@@ -12,6 +12,7 @@ from fastcore.basics import *
 from fastcore.meta import delegates
 import fastai.data.external
 from fastai.callback.core import GatherPredsCallback
+from fastai.learner import replacing_yield
 from .core import *
 from .persist import once_per_disk
 from .distributed import fastai_original, fastai_defaults_kept, rebind_fastai, when_imported
@@ -21,20 +22,14 @@ with fastai_defaults_kept():
     from fastai.callback.progress import CSVLogger
 
 # %% auto #0
-__all__ = ['several_ranks', 'attrs_replaced', 'once_per_dest', 'locked_file', 'fastai_cfg', 'untar_data']
+__all__ = ['several_ranks', 'once_per_dest', 'locked_file', 'fastai_cfg', 'untar_data']
 
 # %% ../nbs/31_writers.ipynb #c251bc19
 def several_ranks():
     "Do several processes run this training (under a launcher, or in a process group)?"
     return num_distrib() > 1
 
-@contextmanager
-def attrs_replaced(o, **kwargs):
-    "Inside, `o`'s attributes `kwargs` have the given values; the old ones come back after"
-    old = {k:getattr(o, k) for k in kwargs}
-    try: yield [setattr(o, k, v) for k,v in kwargs.items()]
-    finally:
-        for k,v in old.items(): setattr(o, k, v)
+_replacing = contextmanager(replacing_yield)  # fastai's: an attribute replaced inside, given back after
 
 # %% ../nbs/31_writers.ipynb #abe1c523
 _fastai_lrfinder_before_fit = fastai_original(LRFinder, 'before_fit')
@@ -86,7 +81,7 @@ _fastai_gather_after_batch = fastai_original(GatherPredsCallback, 'after_batch')
 def _gather_after_batch(self:GatherPredsCallback):
     "fastai's `after_batch`; under DDP the main process alone writes `save_preds` and `save_targs`"
     if not several_ranks() or is_main_process(): return _fastai_gather_after_batch(self)
-    with attrs_replaced(self, save_preds=None, save_targs=None): _fastai_gather_after_batch(self)
+    with _replacing(self, 'save_preds', None), _replacing(self, 'save_targs', None): _fastai_gather_after_batch(self)
 
 # %% ../nbs/31_writers.ipynb #12291208
 def once_per_dest(f): # a fastai function that writes into the folder of its argument `dest`
