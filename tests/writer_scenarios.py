@@ -92,22 +92,20 @@ def make_texts(path, n=40, reverse=False):
         (Path(path)/split/label).mkdir(parents=True, exist_ok=True)
         (Path(path)/split/label/f'{i}.txt').write_text(' '.join(words[(i*j) % len(words)] for j in range(1, 9)))
 
-def text_from_folder(path, how='every rank'):
-    "`TextDataLoaders.from_folder(path, valid='test')` on every rank, or through `rank0_first`: the vocabulary each rank built"
-    import fastai.text.core
-    from fastai.text.all import TextDataLoaders
-    calls,tokenize = [],fastai.text.core.parallel_tokenize
-    def counted(*args, **kwargs): calls.append(1); return tokenize(*args, **kwargs)
-    fastai.text.core.parallel_tokenize = counted
-    make = lambda: TextDataLoaders.from_folder(path, valid='test', bs=4)
-    dls = make() if how == 'every rank' else rank0_first(make)
-    return dict(vocab=digest(dls.vocab), size=len(dls.vocab[0]), tokenized=len(calls))
-
 def counting(module, name, calls):
     "Make `module.name` count its calls in `calls`"
     f = getattr(module, name)
     def counted(*args, **kwargs): calls.append(1); return f(*args, **kwargs)
     setattr(module, name, counted)
+
+def text_from_folder(path, how='every rank'):
+    "`TextDataLoaders.from_folder(path, valid='test')` on every rank, or through `rank0_first`: the vocabulary each rank built"
+    import fastai.text.core
+    from fastai.text.all import TextDataLoaders
+    calls = []; counting(fastai.text.core, 'parallel_tokenize', calls)
+    make = lambda: TextDataLoaders.from_folder(path, valid='test', bs=4)
+    dls = make() if how == 'every rank' else rank0_first(make)
+    return dict(vocab=digest(dls.vocab), size=len(dls.vocab[0]), tokenized=len(calls))
 
 def csv_tokenized(root):
     "fastai's `tokenize_csv` on every rank: the file and counter each rank reads back, and how often this rank tokenized"
