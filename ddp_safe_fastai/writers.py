@@ -89,9 +89,9 @@ def once_per_dest(f): # a fastai function that writes into the folder of its arg
     sig = inspect.signature(f)
     @functools.wraps(f)
     def _once(*args, **kwargs):
-        dest = sig.bind(*args, **kwargs)
-        dest.apply_defaults()
-        dest = Path(dest.arguments['dest'])
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        dest = Path(bound.arguments['dest'])
         return once_per_disk(dest, partial(f, *args, **kwargs), f"{f.__name__} {dest.name}")
     _once.__module__ = __name__  # fastai's name and docs, this library's code
     return _once
