@@ -12,7 +12,7 @@ import torch
 from fastai.basics import *
 from fastai.callback.all import *
 from ddp_safe_fastai.all import *
-from ddp_safe_fastai.checkpoint import callback_state
+from ddp_safe_fastai.train_state import callback_state
 from ddp_safe_fastai.testing import synth_learner, torchrun_ranks
 
 class Jitter(Callback):

@@ -71,10 +71,10 @@ fastai_changes = [
            "every rank downloaded again, removing the tree a rank done before it was reading"),
     *_rows('writers', 'fastai.vision.utils', 'download_images resize_images', "once per disk; the other ranks wait",
            "every rank downloaded every image, and rewrote the images others read"),
-    *_rows('checkpoint', 'fastai.learner.Learner', '_do_fit all_batches', "start at the epoch and batch a checkpoint resumes at",
+    *_rows('train_state', 'fastai.learner.Learner', '_do_fit all_batches', "start at the epoch and batch a checkpoint resumes at",
            "fastai always starts a fit at epoch 0, batch 0"),
-    *_rows('checkpoint', 'fastai.data.load.DataLoader', 'sample', "skip the batches a resumed epoch already did",
-           "a resumed epoch fed its first batches again"),
+    *_rows('train_state', 'fastai.data.load.DataLoader', 'sample', "put back the random states a resumed epoch had, once the pass drew its seed",
+           "a resumed epoch drew other dropout masks and augmentations than the run it continues"),
 ]
 
 # %% ../nbs/95_changes.ipynb #7155b0ca

@@ -13,6 +13,7 @@ from fastcore.basics import *
 from .core import *
 from .files import *
 from .persist import *
+from .checkpoint_dir import checkpoints_report
 from .launch import spawn_ranks, RanksStalled
 
 # %% auto #0
@@ -363,8 +364,12 @@ def _dir_main(a):
     if rep is not None: print(dir_report(rep)) # a rank other than torchrun's rank 0 prints nothing
     return int(rep is not None and not dir_is_fit(rep))
 
+def _inspect_main(a):
+    print(checkpoints_report(a.path))
+    return 0 if Path(a.path).is_dir() else 2
+
 def main(argv=None): # the arguments (default: the command line's)
-    "`ddp-safe-check`: count the races this library closes, or look at a checkpoint directory"
+    "`ddp-safe-check`: count the races this library closes, check a directory before a run, or say what a checkpoint directory holds"
     p = argparse.ArgumentParser(prog='ddp-safe-check', description=main.__doc__)
     sub = p.add_subparsers(dest='cmd', required=True)
     r = sub.add_parser('races', help="run each race plain and through this library; a table of failed trials")
@@ -374,8 +379,10 @@ def main(argv=None): # the arguments (default: the command line's)
     d = sub.add_parser('dir', help="check a checkpoint directory before a long run")
     d.add_argument('path')
     d.add_argument('--nproc', type=int, default=2, help="local CPU ranks (default 2)")
+    i = sub.add_parser('inspect', help="what a CheckpointCallback directory holds, and which checkpoint a resume takes")
+    i.add_argument('path', help="learn.path/learn.model_dir/fname (models/ckpt by default)")
     a = p.parse_args(argv)
-    return (_races_main if a.cmd == 'races' else _dir_main)(a)
+    return dict(races=_races_main, dir=_dir_main, inspect=_inspect_main)[a.cmd](a)
 
 # %% ../nbs/60_check.ipynb #46a51196
 #| eval: false

@@ -17,8 +17,8 @@ from .core import *
 
 
 # %% auto #0
-__all__ = ['fastai_defaults_kept', 'fastai_original', 'rebind_fastai', 'when_imported', 'share_launch_env', 'setup_distrib',
-           'rank0_first']
+__all__ = ['fastai_defaults_kept', 'fastai_original', 'rebind_fastai', 'when_imported', 'share_launch_env', 'deal',
+           'setup_distrib', 'rank0_first']
 
 # %% ../nbs/03_distributed.ipynb #8646cfc6
 _progress = 'fastai.callback.progress'
@@ -150,6 +150,21 @@ def after_iter(self:DistributedDL):
     "End the pass as the wrapped loader's own `__iter__` would: its iterator over the dataset goes"
     self.dl.after_iter()
     if hasattr(self.dl, 'it'): del self.dl.it
+
+# %% ../nbs/03_distributed.ipynb #51633330
+def deal(idxs, # the epoch's indices, in the order drawn
+         world_size, # how many ranks share the epoch
+         bs=None): # deal whole batches of `bs`, in turn (a language model's loader); None: fastai's contiguous slices
+    "Every rank's share of the epoch `idxs`, as `DistributedDL` gives them: the same length each, padded from the start"
+    if bs:
+        batches = [idxs[i:i+bs] for i in range(0, len(idxs), bs)]
+        n = -(-len(batches)//world_size)*world_size
+        batches += (batches * n)[:n-len(batches)]
+        return [[i for b in batches[r::world_size] for i in b] for r in range(world_size)]
+    if not idxs: return [[] for _ in range(world_size)]
+    n = -(-len(idxs)//world_size)*world_size
+    idxs = idxs + (idxs * (n//len(idxs)))[:n-len(idxs)]
+    return [idxs[r*n//world_size:(r+1)*n//world_size] for r in range(world_size)]
 
 # %% ../nbs/03_distributed.ipynb #30f4b999
 def setup_distrib(gpu=None): # fastai passes the global rank; None: no distributed run

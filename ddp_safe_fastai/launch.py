@@ -31,13 +31,14 @@ def free_port():
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
 def _record(outdir, rank, f, *args, **kwargs):
-    "Run `f` and write its `Outcome` to `outdir/rank.pkl`"
+    "Run `f` and write its `Outcome` to `outdir/rank.pkl`; return it"
     try: o = Outcome(rank, f(*args, **kwargs))
     except BaseException as e: o = Outcome(rank, error=str(e), error_type=type(e).__name__)
     if not o.ok: o.traceback = traceback.format_exc()
     try: pickle.dumps(o.value)
     except Exception: o.value = repr(o.value)
     Path(outdir, f"{rank}.pkl").write_bytes(pickle.dumps(o))
+    return o
 
 def _collect(outdir, nproc, timeout, stalled, log=''):
     "The `Outcome`s in `outdir`; raise `RanksStalled` naming the ranks that wrote none if `stalled`"
@@ -103,11 +104,13 @@ def _module_of(f):
     if f.__module__ != '__main__': return f.__module__
     return Path(sys.modules['__main__'].__file__).stem
 
-def _torchrun_cmd(nproc, nnodes, port):
-    "torchrun for one node: a static master on one node, a c10d rendezvous on 127.0.0.1 for several"
+def _torchrun_cmd(nproc, nnodes, port, node=0, elastic=False):
+    "torchrun for node `node`: a static master on one node, a c10d rendezvous on 127.0.0.1 for several, hosted by node 0"
     base = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc)]
     if nnodes == 1: return base + ['--master_addr', '127.0.0.1', '--master_port', str(port)]
-    return base + ['--nnodes', str(nnodes), '--rdzv-backend', 'c10d', '--rdzv-endpoint', f"127.0.0.1:{port}", '--rdzv-id', str(port)]
+    conf = f"is_host={int(node == 0)}" + (",last_call_timeout=5" if elastic else '')
+    return base + ['--nnodes', f"1:{nnodes}" if elastic else str(nnodes), *(['--max-restarts', '1'] if elastic else []),
+                   '--rdzv-backend', 'c10d', '--rdzv-endpoint', f"127.0.0.1:{port}", '--rdzv-id', str(port), '--rdzv-conf', conf]
 
 def torchrun_ranks(f, # a module-level function, run on every rank
                    *args, # its arguments (picklable)
@@ -118,24 +121,29 @@ def torchrun_ranks(f, # a module-level function, run on every rank
                    launcher=None, # the command that starts the processes (default: torchrun)
                    kill_when=None, # a function polled while the ranks run: when it returns True, SIGKILL them all
                    nnodes=1, # torchrun agents ("nodes") on this machine
-                   node_prefix=None): # node index -> command to start that node's agent under (a mount namespace...)
+                   node_prefix=None, # node index -> command to start that node's agent under (a mount namespace...)
+                   node_dies_when=None): # elastic (`--nnodes 1:N`): when it returns True, SIGKILL the last node; the others go on
     "Run `f(*args)` on `nproc*nnodes` ranks started by `torchrun`; one `Outcome` per rank (None if `kill_when` fired)"
     with tempfile.TemporaryDirectory() as outdir:
         call = Path(outdir, 'call.pickle'); call.write_bytes(pickle.dumps((_module_of(f), f.__qualname__, args, init)))
-        cmd = [*ifnone(launcher, _torchrun_cmd(nproc, nnodes, free_port())), '-m', 'ddp_safe_fastai.launch', str(call)]
-        env = {**os.environ, 'PYTHONPATH': os.pathsep.join(sys.path), **(env or {})}
+        port,left = free_port(),nnodes
+        cmd = lambda i: [*ifnone(launcher, _torchrun_cmd(nproc, nnodes, port, i, bool(node_dies_when))),
+                         '-m', 'ddp_safe_fastai.launch', str(call)]
+        env = {**os.environ, 'PYTHONPATH': os.pathsep.join(sys.path), **(env or {}),
+               **({'DDP_SAFE_LAUNCH_ELASTIC': '1'} if node_dies_when else {})}
         with open(Path(outdir, 'log.txt'), 'w') as log:
-            ps = [subprocess.Popen([*(node_prefix(i) if node_prefix else []), *cmd], env=env, stdout=log,
+            ps = [subprocess.Popen([*(node_prefix(i) if node_prefix else []), *cmd(i)], env=env, stdout=log,
                                    stderr=subprocess.STDOUT, start_new_session=True) for i in range(nnodes)]
             deadline,killed = time.monotonic()+timeout,False
             while any(p.poll() is None for p in ps) and not killed and time.monotonic() < deadline:
                 killed = bool(kill_when and kill_when())
+                if left == nnodes and node_dies_when and node_dies_when(): kill_tree(ps[-1].pid); left -= 1
                 time.sleep(0.005)
             for p in ps:
                 if p.poll() is None: kill_tree(p.pid)
                 p.wait()
         if killed: return None
-        return _collect(outdir, nproc*nnodes, timeout, time.monotonic() >= deadline, Path(outdir, 'log.txt').read_text())
+        return _collect(outdir, nproc*left, timeout, time.monotonic() >= deadline, Path(outdir, 'log.txt').read_text())
 
 def _torchrun_main(call):
     "Entry point of a rank started by `torchrun_ranks`"
@@ -144,7 +152,8 @@ def _torchrun_main(call):
     for n in name.split('.'): f = getattr(f, n)
     if init: dist.init_process_group('gloo', timeout=timedelta(seconds=120))
     # this file runs as `__main__` here: record through the module, so that `Outcome` unpickles in the parent
-    importlib.import_module('ddp_safe_fastai.launch')._record(Path(call).parent, int(os.environ['RANK']), f, *args)
+    o = importlib.import_module('ddp_safe_fastai.launch')._record(Path(call).parent, int(os.environ['RANK']), f, *args)
+    if not o.ok and os.environ.get('DDP_SAFE_LAUNCH_ELASTIC'): os._exit(1)  # a failed rank: torchrun restarts the ranks
     if dist.is_initialized(): dist.destroy_process_group()
 
 # %% ../nbs/55_launch.ipynb #7098e25e

@@ -15,7 +15,7 @@ from .core import *
 from .files import atomic_write
 from .persist import *
 from .learner import load_device, model_file
-from .distributed import fastai_original, fastai_defaults_kept, rebind_fastai
+from .distributed import fastai_original, fastai_defaults_kept, rebind_fastai, deal
 with fastai_defaults_kept():
     import fastai.text.core
     from fastai.text.core import fn_counter_pkl, SentencePieceTokenizer
@@ -119,13 +119,6 @@ def _spm_setup(self:SentencePieceTokenizer, items, rules=None):
     return {'sp_model': model}
 
 # %% ../nbs/20_text.ipynb #1a7f5f66
-def _whole_batches(idxs, bs, rank, world_size):
-    "The items of the batches of `idxs` (`bs` at a time) that fall to `rank`, every rank getting as many batches"
-    batches = [idxs[i:i+bs] for i in range(0, len(idxs), bs)]
-    n = -(-len(batches)//world_size)*world_size
-    batches += (batches * n)[:n-len(batches)]
-    return [i for b in batches[rank::world_size] for i in b]
-
 _ddl_get_idxs = fastai_original(DistributedDL, 'get_idxs')
 
 @patch
@@ -134,6 +127,6 @@ def get_idxs(self:DistributedDL):
     if not isinstance(self.dl, LMDataLoader): return _ddl_get_idxs(self)
     idxs = self._broadcast(list(self.dl.get_idxs()), 0)
     self.n = len(idxs)
-    mine = _whole_batches(idxs, self.dl.bs, self.rank, self.world_size)
+    mine = deal(idxs, self.world_size, self.dl.bs)[self.rank]
     self.n_padded = len(mine)*self.world_size
     return mine
