@@ -68,15 +68,18 @@ def test_uneven_remainder_pads_and_drops_as_fastai(tmp_path):
     twice,never = interrupted_epoch(tmp_path, 1, 3, n=100)
     assert twice <= 3-1 and never <= 2*2 + 3*(8-1)  # fastai's padding; its `drop_last` on 2 ranks, then on 3
 
-def test_two_nodes_then_one(tmp_path):
-    "`torchrun --nnodes 1:2`, a rank on each of two agents: one agent killed after a checkpoint inside an epoch, the other restarts alone and resumes"
-    stop = tmp_path/'stop'
-    res = values(torchrun_ranks(s.any_world_fit, str(tmp_path), 'first', 3, (1, 3), 96, 5, init=False, nproc=1, nnodes=2,
-                                timeout=300, node_dies_when=stop.exists))
-    assert len(res) == 1 and res[0]['world'] == 1 and res[0]['resumed_from'] == 'epoch_0001_iter_000003'
-    assert res[0]['epochs'] == 4
-    assert interrupted_epoch(tmp_path, 1, 3) == (0, 0)
-    assert _resumed_batches(tmp_path) == {1: 6, 2: 12, 3: 12}
+@pytest.mark.parametrize('where', ['epoch', 'batch'])
+def test_two_nodes_then_one(tmp_path, where):
+    "`torchrun --nnodes 1:2`, a rank on each of two agents: one agent killed after a checkpoint, the other restarts alone and resumes"
+    stop_at,name = ((2,), 'epoch_0002') if where == 'epoch' else ((1, 3), 'epoch_0001_iter_000003')
+    res = values(torchrun_ranks(s.any_world_fit, str(tmp_path), 'first', 3, stop_at, 96, 5, init=False, nproc=1, nnodes=2,
+                                timeout=300, node_dies_when=(tmp_path/'stop').exists))
+    assert len(res) == 1 and res[0]['world'] == 1 and res[0]['resumed_from'] == name
+    assert res[0]['epochs'] == 4 and res[0]['pct_train'] == pytest.approx(1)
+    if where == 'epoch': assert _resumed_batches(tmp_path) == {2: 12, 3: 12}
+    else:
+        assert interrupted_epoch(tmp_path, 1, 3) == (0, 0)
+        assert _resumed_batches(tmp_path) == {1: 6, 2: 12, 3: 12}
 
 def test_two_interruptions_in_one_epoch(tmp_path):
     "Stopped inside epoch 1 on 2 ranks, resumed on 1 and stopped again inside it, resumed on 2: every sample once"
