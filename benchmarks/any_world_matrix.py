@@ -28,7 +28,7 @@ def main():
           "fed twice / never | weights equal on every rank | bitwise = uninterrupted run on the new world size |")
     print('|---|---|---|---|---|---|---|')
     cases = [(f"{b} -> {a}", w, lambda b=b, a=a, w=w: one_node(b, a, w)) for b,a in [(2, 1), (2, 3), (3, 2), (1, 2), (2, 2)]
-             for w in ('epoch', 'batch')] + [(f"2 nodes -> 1 (--nnodes 1:2)", w, lambda w=w: two_nodes_to_one(w)) for w in ('epoch', 'batch')]
+             for w in ('epoch', 'batch')] + [("2 nodes -> 1 (--nnodes 1:2)", w, lambda w=w: two_nodes_to_one(w)) for w in ('epoch', 'batch')]
     for name, where, run in cases:
         res, batches, fed = run()
         n = res[0]['world']
