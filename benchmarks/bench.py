@@ -57,6 +57,24 @@ def save_load_costs(sizes=(10*MB, 100*MB, 1024*MB)):
             del learn, state
     return rows
 
+def disk_throughput(size=1024*MB, reps=3):
+    "MB/s of `dd conv=fsync` and of a durable `Learner.save`, the same size, to the same disk, alternately"
+    import subprocess
+    with tempfile.TemporaryDirectory() as d:
+        learn = learner_of(size, d)
+        dd = lambda: subprocess.run(['dd', 'if=/dev/zero', f"of={d}/dd.bin", 'bs=1M', f"count={size//MB}", 'conv=fsync'],
+                                    check=True, capture_output=True)
+        t_dd,t_save = paired(dd, lambda: learn.save('m', with_opt=False), reps, True)
+        nbytes = os.path.getsize(Path(d)/'models/m.pth')
+        return dict(size_mb=size/MB, dd=size/MB/t_dd, save=nbytes/MB/t_save)
+
+def checksum_costs(size=128*MB, reps=5):
+    "Seconds to checksum a checkpoint file as a manifest does: CRC-32 (format 2) and sha256 (format 1)"
+    from ddp_safe_fastai.checkpoint_dir import checksum
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d)/'state.pth'; f.write_bytes(os.urandom(size))
+        return dict(size_mb=size/MB, **{k: timed(lambda: checksum(f, k), reps) for k in ('crc32', 'sha256')})
+
 def async_stall(size=200*MB, reps=5):
     "How long the training loop waits for a save: synchronous (durable) and asynchronous (copy to host memory)"
     with tempfile.TemporaryDirectory() as d:
@@ -95,7 +113,9 @@ def other_libraries(root, size=100*MB, reps=3):
     acc = Accelerator(cpu=True)
     acc.prepare(learn.model)  # registers it for accelerate's save_state
     res = {}
-    res['ddp_safe_fastai'] = (timed(lambda: learn.save('m', with_opt=False), reps), timed(lambda: learn.load('m', with_opt=False), reps))
+    res['ddp_safe_fastai, durable'] = (timed(lambda: learn.save('m', with_opt=False), reps), timed(lambda: learn.load('m', with_opt=False), reps))
+    res['ddp_safe_fastai, durable=False'] = (timed(lambda: learn.save('m', with_opt=False, durable=False), reps),
+                                             timed(lambda: learn.load('m', with_opt=False), reps))
     dist.barrier()
     d = Path(root)/'accel'
     # save_state writes on the main process only and load_state does not wait for it: without this barrier rank 1
@@ -151,13 +171,22 @@ def main():
             rows.append([str(n), name, f"{copies:.2f}", f"{lat*1000:.1f}"])
     table('Copies written per checkpoint (bytes written / checkpoint size, all ranks), and the latency the save adds to every rank\'s step (the slowest rank\'s time in it), 10 MB, one node',
           ['ranks', 'how', 'copies', 'latency ms'], rows)
-    with tempfile.TemporaryDirectory() as d:
-        outs = torchrun_ranks(other_libraries, d, nproc=2, timeout=600)
-    if not all(o.ok for o in outs): raise RuntimeError(outs)
-    ol = results['libraries'] = outs[0].value
-    base = ol['ddp_safe_fastai']
-    table('The same 100 MB model on 2 ranks, rank 0\'s seconds (median)', ['library', 'save', 'vs this', 'load', 'vs this'],
-          [[k, f"{s:.3f}", f"{s/base[0]:.2f}x", f"{l:.3f}", f"{l/base[1]:.2f}x"] for k,(s,l) in ol.items()])
+    results['libraries'] = {}
+    for n in (2, 4):
+        with tempfile.TemporaryDirectory() as d:
+            outs = torchrun_ranks(other_libraries, d, nproc=n, timeout=600)
+        if not all(o.ok for o in outs): raise RuntimeError(outs)
+        ol = results['libraries'][n] = outs[0].value
+        base = ol['ddp_safe_fastai, durable=False']  # neither Accelerate nor DCP fsyncs: like with like
+        table(f'The same 100 MB model on {n} ranks, rank 0\'s seconds (median); "vs" is against our save without fsync, '
+              'as the others write', ['library', 'save', 'vs', 'load', 'vs'],
+              [[k, f"{s:.3f}", f"{s/base[0]:.2f}x", f"{l:.3f}", f"{l/base[1]:.2f}x"] for k,(s,l) in ol.items()])
+    dt = results['disk'] = disk_throughput()
+    table('Durable save throughput vs the disk\'s (`dd conv=fsync`), 1 GB, MB/s (median)', ['dd conv=fsync', 'Learner.save durable', 'ratio'],
+          [[f"{dt['dd']:.0f}", f"{dt['save']:.0f}", f"{dt['save']/dt['dd']:.2f}"]])
+    cs = results['checksums'] = checksum_costs()
+    table('Checksumming a 128 MB checkpoint file for its manifest, seconds (median)', ['CRC-32 (format 2)', 'sha256 (format 1)', 'ratio'],
+          [[f"{cs['crc32']:.3f}", f"{cs['sha256']:.3f}", f"{cs['crc32']/cs['sha256']:.2f}x"]])
     with tempfile.TemporaryDirectory() as d:
         outs = torchrun_ranks(callbacks_overhead, d, nproc=2, init=False, timeout=600)
     if not all(o.ok for o in outs): raise RuntimeError(outs)
@@ -182,8 +211,8 @@ def plot(results, png):
     for i,name in enumerate(names):
         ax[1].plot(list(rk), [sum(v['costs'][name]['bytes'] for v in vals)/vals[0]['size'] for vals in rk.values()], 'o-', label=name)
     ax[1].set_xlabel('ranks'); ax[1].set_title('copies written per checkpoint'); ax[1].legend()
-    ol = results['libraries']
-    ax[2].bar([k.replace('torch.distributed.checkpoint', 'DCP') for k in ol], [v[0] for v in ol.values()], label='save')
+    ol = results['libraries'][2]
+    ax[2].bar([k.replace('torch.distributed.checkpoint', 'DCP').replace('ddp_safe_fastai', 'ours') for k in ol], [v[0] for v in ol.values()], label='save')
     ax[2].set_title('100 MB on 2 ranks: save seconds')
     png.parent.mkdir(parents=True, exist_ok=True); fig.tight_layout(); fig.savefig(png, dpi=80)
     print(f"\nplots: {png}")

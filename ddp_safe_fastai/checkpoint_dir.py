@@ -4,7 +4,7 @@
 
 # %% ../nbs/41_checkpoint_dir.ipynb #6ceafe18
 from __future__ import annotations
-import json, hashlib, shutil
+import json, zlib, hashlib, shutil
 from pathlib import Path
 from fastcore.basics import *
 from . import __version__
@@ -14,22 +14,34 @@ from .persist import replaced_since_written
 from .train_state import FORMAT
 
 # %% auto #0
-__all__ = ['write_manifest', 'read_manifest', 'why_incomplete', 'is_complete', 'CheckpointFormatError', 'check_format',
-           'training_position', 'checkpoint_name', 'CheckpointDir', 'latest_complete', 'inspect_checkpoints',
-           'checkpoints_report']
+__all__ = ['checksum', 'write_manifest', 'read_manifest', 'why_incomplete', 'is_complete', 'CheckpointFormatError',
+           'check_format', 'training_position', 'checkpoint_name', 'CheckpointDir', 'latest_complete',
+           'inspect_checkpoints', 'checkpoints_report']
 
 # %% ../nbs/41_checkpoint_dir.ipynb #4cfcc347
-def _sha256(path, chunk=2**24):
+def _crc32(f, chunk):
+    crc = 0
+    while b := f.read(chunk): crc = zlib.crc32(b, crc)
+    return f"{crc:08x}"
+
+def _sha256(f, chunk):
     h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        while b := f.read(chunk): h.update(b)
+    while b := f.read(chunk): h.update(b)
     return h.hexdigest()
+
+_checksums = dict(crc32=_crc32, sha256=_sha256) # format 2 writes crc32, format 1 wrote sha256 (slower: benchmarks/bench.py)
+
+def checksum(path, # the file
+             kind='crc32', # a key of `_checksums`
+             chunk=2**24): # bytes read at a time
+    "The checksum of `path` a manifest records"
+    with open(path, 'rb') as f: return _checksums[kind](f, chunk)
 
 def write_manifest(ckpt, # the checkpoint's directory
                    files, # the names of its files, written and flushed
                    **info): # what the checkpoint is: epoch, iter, fit, world_size...
-    "Write `ckpt/manifest.json` last and atomically: `files` with their sizes and checksums, `info`, the format and release"
-    entries = {f: dict(size=(ckpt/f).stat().st_size, sha256=_sha256(ckpt/f)) for f in files}
+    "Write `ckpt/manifest.json` last and atomically: `files` with their sizes and CRC-32s, `info`, the format and release"
+    entries = {f: dict(size=(ckpt/f).stat().st_size, crc32=checksum(ckpt/f)) for f in files}
     info = dict(format=FORMAT, library=__version__, **info, files=entries)
     atomic_write(ckpt/'manifest.json', lambda tmp: Path(tmp).write_text(json.dumps(info, indent=1)))
 
@@ -47,7 +59,8 @@ def why_incomplete(ckpt):
         p = Path(ckpt)/f
         if not p.is_file(): return f"{f} is missing"
         if p.stat().st_size != e['size']: return f"{f} has {p.stat().st_size} bytes, the manifest says {e['size']}"
-        if _sha256(p) != e['sha256']: return f"{f} does not match its checksum: it was changed or damaged"
+        kind = next(k for k in _checksums if k in e)
+        if checksum(p, kind) != e[kind]: return f"{f} does not match its checksum: it was changed or damaged"
     return None
 
 def is_complete(ckpt):
