@@ -138,7 +138,7 @@ class CheckpointCallback(Callback):
         if self.async_save: state = stage_for_save(state, self.scope)
         if is_main_process(self.scope): self.root.mkdir(parents=True, exist_ok=True) # where `latest` is written
         name = checkpoint_name(self.epochs_before + state['epoch'], state['iter'])
-        info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done or []),
+        info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done),
                     fit=self.fit_no, world_size=world_size())
         # the commit is the write of `latest`: `save_on_main` runs it on the main process alone (in the background with
         # `async_save`), puts `latest` in place when it returns, and raises its failure on every rank

@@ -146,6 +146,7 @@ def world_size(): return max(num_distrib(), 1)
 
 def epoch_fraction(learn, done):
     "The fraction of the epoch's samples the ranks trained on, from its `done` (see `epoch_remainder`)"
+    if not done: return 0.
     dl = getattr(learn.dl, 'dl', learn.dl)
     return sum(ws*b for ws,b in done) * dl.bs / max(dl.n, 1)
 
@@ -206,7 +207,7 @@ def resume_within_epoch(learn:Learner, # the Learner, in `before_train` of the r
     "The epoch's shuffle as it started, less what the ranks trained on; the batch count, schedule and metrics where they were"
     dl,inner = learn.dl,getattr(learn.dl, 'dl', learn.dl)
     for d,st in zip(inner_dls(learn), state['epoch_dl_rng']): d.rng.setstate(st)
-    whole = type(inner).__name__ == 'LMDataLoader'
+    whole = any(c.__name__ == 'LMDataLoader' for c in type(inner).__mro__) # without importing fastai.text
     resume_pass(inner, state['done'], whole)
     dl.resume_rng = rng
     if state['done'][-1][0] == world_size(): learn.resume_iter,learn.pct_train = state['iter'],state['pct_train']
