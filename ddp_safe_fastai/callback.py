@@ -28,7 +28,7 @@ class SafeSaveModelCallback(SaveModelCallback):
         with_opt=False, # if true, save optimizer state (if any available) when saving model. 
         reset_on_fit=True, # before model fitting, reset value being monitored to -infinity (if monitor is metric) or +infinity (if monitor is loss).
         scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
-        async_save=False, # training waits only for a copy in host memory; the write happens in the background
+        async_save=True, # write in the background: training waits only for a copy in host memory
     ):
         super().__init__(monitor, comp, min_delta, fname, every_epoch, at_end, with_opt, reset_on_fit)
         check_scope(scope)
@@ -54,11 +54,11 @@ class SafeSaveModelCallback(SaveModelCallback):
             self._save(self.fname)
 
     def after_fit(self, **kwargs):
-        "Save the model (`at_end`), or load the best one saved in this fit; background writes are finished first"
+        "Save the model (`at_end`), or load the best one saved in this fit, once its write is done"
         if self.at_end: self._save(self.fname)
-        flush_saves()
-        if self.at_end or self.every_epoch: return
+        if self.at_end or self.every_epoch: return flush_saves()
         if self.saved_in_fit is None:
+            flush_saves()
             if not self.epochs_seen: return # no epoch ran in this fit (a resumed run had done it): nothing to reload
             return warnings.warn(f"SafeSaveModelCallback: {self.monitor} never improved in this fit, so nothing was "
                                  f"saved; keeping the current weights rather than loading an older '{self.fname}'")

@@ -11,6 +11,7 @@ from fastcore.basics import *
 from fastai.callback.core import Callback
 from .core import *
 from .persist import *
+from .learner import step_tensors
 from .train_state import *
 from .checkpoint_dir import *
 from .signals import *
@@ -41,7 +42,7 @@ class CheckpointCallback(Callback):
                  resume=True, # start from the latest complete checkpoint, if there is one
                  scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
                  durable=True, # fsync every file and directory
-                 async_save=False): # training waits only for a copy in host memory; the write happens in the background
+                 async_save=True): # write in the background: training waits for a copy of all but the weights, copied meanwhile
         check_scope(scope)
         store_attr()
         self.resumed_from,self.fit_no,self.epochs_before,self.within,self.watch = None,-1,0,None,None
@@ -56,6 +57,7 @@ class CheckpointCallback(Callback):
         "Resume this fit from the latest complete checkpoint, or skip it if a later fit's checkpoint exists"
         self.within = None
         if hasattr(self.learn, 'lr_finder'): return
+        flush_saves() # a fit that raised may have left its last checkpoint writing
         if self.watch: self.watch.close() # a fit that raised left it open
         if self.fit_no >= 0: self.epochs_before += self.n_epochs_last
         self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
@@ -120,6 +122,10 @@ class CheckpointCallback(Callback):
              f"exit status {PREEMPTED}: run the same command to resume")
         raise SystemExit(PREEMPTED)
 
+    def before_step(self):
+        "The weights and the optimizer's state of a checkpoint are copied while the batch runs: done before the step changes them"
+        wait_for_copies()
+
     def after_epoch(self):
         "Save a checkpoint after every `every_epoch` epochs"
         if (self.epoch+1) % self.every_epoch == 0: self._save()
@@ -135,7 +141,7 @@ class CheckpointCallback(Callback):
         done = self.done + [(world_size(), self.iter+1 - self.segment_start)] if within else None
         state = capture_state(self.learn, self.fit_no, self.epoch_dl_rng, done, stopped)
         rngs = exchange(get_rng_state(), 'CheckpointCallback rng')
-        if self.async_save: state = stage_for_save(state, self.scope)
+        if self.async_save: state = stage_for_save(state, self.scope, later=step_tensors(self.learn.model, self.learn.opt))
         if is_main_process(self.scope): self.root.mkdir(parents=True, exist_ok=True) # where `latest` is written
         name = checkpoint_name(self.epochs_before + state['epoch'], state['iter'])
         info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done),

@@ -19,13 +19,18 @@ from .persist import *
 from .distributed import fastai_original, rebind_fastai
 
 # %% auto #0
-__all__ = ['model_state', 'apply_model_state', 'model_file', 'load_device', 'load_learner', 'load_dataloaders']
+__all__ = ['model_state', 'step_tensors', 'apply_model_state', 'model_file', 'load_device', 'load_learner', 'load_dataloaders']
 
 # %% ../nbs/10_learner.ipynb #0764f4d0
 def model_state(model, opt, with_opt):
     "What `Learner.save` writes: the model's state, with the optimizer's if `with_opt`"
     state = get_model(model).state_dict()
     return {'model': state, 'opt': opt.state_dict()} if with_opt and opt is not None else state
+
+def step_tensors(model, opt):
+    "The `data_ptr`s of the tensors that only an optimizer step changes: the model's parameters and the optimizer's state"
+    state = opt.state_dict()['state'] if opt is not None else []
+    return {t.data_ptr() for t in [*get_model(model).parameters(), *tensors_in(state)]}
 
 def apply_model_state(state, model, opt, with_opt=True, strict=True):
     "Put a state written by `Learner.save` into `model` and `opt`, as fastai's `load_model` does"

@@ -18,9 +18,9 @@ from .core import *
 from .files import *
 
 # %% auto #0
-__all__ = ['call_site', 'host_copy', 'stage_for_save', 'replaced_since_written', 'flush_saves', 'check_not_replaced',
-           'save_on_main', 'split_kwargs', 'save_state', 'prepare_dir', 'dir_is_shared', 'once_per_disk', 'read_on_all',
-           'is_torch_zip', 'fastai_torch_load', 'load_state']
+__all__ = ['call_site', 'host_copy', 'tensors_in', 'wait_for_copies', 'stage_for_save', 'replaced_since_written', 'flush_saves',
+           'check_not_replaced', 'save_on_main', 'split_kwargs', 'save_state', 'prepare_dir', 'dir_is_shared',
+           'once_per_disk', 'read_on_all', 'is_torch_zip', 'fastai_torch_load', 'load_state']
 
 # %% ../nbs/02_persist.ipynb #a6f5bf2d
 def _save_prefix(scope):
@@ -137,42 +137,61 @@ def _wait_for_writer(prefix, name, file, at, site, idx, timeout):
 
 # %% ../nbs/02_persist.ipynb #775f7426
 _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_writer')  # one write at a time
-_in_flight = []  # main process: futures of background writes; other ranks: saves to hear about
+_copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_copier')  # copies are not queued behind writes
+_in_flight = []  # (file, work): main process: futures of background writes; other ranks: saves to hear about
+_copying = []  # futures of background copies: the tensors they read must not change until they are done
+_spare,_spare_lock = {},threading.Lock()  # {(shape, dtype): [host tensors]} that no write needs any more
+_staged = []  # the host tensors of the state staged last, for the next background save: spare again once it is written
 
-_staged = []  # the host tensors of the last asynchronous save: free again once its write is done
-
-def _host_tensor(t, spare):
-    "`t` copied to host memory: into a `spare` tensor of its shape and dtype if there is one, else a new one"
-    t,free = t.detach(),spare.get((t.shape, t.dtype))
-    if free: return free.pop().copy_(t)
-    return torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda).copy_(t) # pinned: faster copies from a GPU
+def _host_tensor(t):
+    "Host memory for a copy of `t`: a spare tensor of its shape and dtype if there is one, else a new one"
+    with _spare_lock:
+        free = _spare.get((t.shape, t.dtype))
+        if free: return free.pop()
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda) # pinned: faster copies from a GPU
 
 def host_copy(obj, # tensors, alone or in dicts, lists and tuples
-              spare=None): # {(shape, dtype): [host tensors]} whose memory the copy may take
-    "`obj` with every tensor copied to host memory, so that training can go on changing the originals"
-    if isinstance(obj, torch.Tensor): return _host_tensor(obj, ifnone(spare, {}))
-    if isinstance(obj, dict): return type(obj)((k, host_copy(v, spare)) for k,v in obj.items())
-    if isinstance(obj, (list, tuple)): return type(obj)(host_copy(o, spare) for o in obj)
+              later=(), # the `data_ptr`s of tensors whose copy may wait: their (tensor, copy) pairs go to `deferred`
+              deferred=None): # a list for those pairs
+    "`obj` with every tensor copied to host memory (or due to be, for those in `later`), so that training can change the originals"
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach()
+        dest = _host_tensor(t)
+        if t.data_ptr() in later: deferred.append((t, dest))
+        else: dest.copy_(t)
+        return dest
+    if isinstance(obj, dict): return type(obj)((k, host_copy(v, later, deferred)) for k,v in obj.items())
+    if isinstance(obj, (list, tuple)): return type(obj)(host_copy(o, later, deferred) for o in obj)
     return obj
 
-def _tensors(obj):
-    "The tensors in `obj`"
+def tensors_in(obj):
+    "The tensors in `obj`, alone or in dicts, lists and tuples"
     if isinstance(obj, torch.Tensor): yield obj
     elif isinstance(obj, (dict, list, tuple)):
-        for o in (obj.values() if isinstance(obj, dict) else obj): yield from _tensors(o)
+        for o in (obj.values() if isinstance(obj, dict) else obj): yield from tensors_in(o)
 
-def stage_for_save(obj, # the state an asynchronous save will write
+def _copy_pairs(pairs):
+    for t,dest in pairs: dest.copy_(t)
+
+def wait_for_copies():
+    "Wait for the background copies of staged saves: call it before anything changes the tensors they read"
+    while _copying: _copying.pop(0).result()
+
+def stage_for_save(obj, # the state the next background save writes
                    scope='global', # the save's scope: who writes
-                   timeout=None): # seconds to wait for the previous background write
-    "On the rank that writes: `obj` in host memory for a background write, reusing the memory of the last one's copy"
-    global _staged
+                   later=()): # `data_ptr`s of tensors that stay as they are until `wait_for_copies`: copied in the background
+    "On the rank that writes: `obj` in host memory for the next background save; the tensors in `later` are copied meanwhile"
     if not is_main_process(scope): return obj # a rank that does not write copies nothing
-    flush_saves(timeout) # the last background write is done with its copy
-    spare = {}
-    for t in _staged: spare.setdefault((t.shape, t.dtype), []).append(t)
-    copy = host_copy(obj, spare) # into the previous copy's memory: new pages cost far more than the copy
-    _staged = list(_tensors(copy))
+    deferred = []
+    copy = host_copy(obj, set(later), deferred)
+    if deferred: _copying.append(_copier.submit(_copy_pairs, deferred))
+    _staged[:] = tensors_in(copy)
     return copy
+
+def _give_back(tensors):
+    "Make `tensors`, whose write is done, spare memory for the next staged copies"
+    with _spare_lock:
+        for t in tensors: _spare.setdefault((t.shape, t.dtype), []).append(t)
 
 # %% ../nbs/02_persist.ipynb #cacc73f3
 _written = {}  # on a writer: file -> the identity of the file this process last wrote there
@@ -194,10 +213,12 @@ def replaced_since_written(file):
             "write the same file. Give each run its own file name or path")
 
 # %% ../nbs/02_persist.ipynb #312d41f2
-def _write_and_publish(file, write, durable, key):
-    "Write `file`; publish the outcome under `key` for the ranks that did not write; the failure, or None"
+def _write_and_publish(file, write, durable, key, copies=()):
+    "Write `file` once the `copies` it writes are done; publish the outcome under `key` for the other ranks; the failure, or None"
     failure = f"could not write {file}: interrupted"
-    try: atomic_write(file, write, durable); failure = None
+    try:
+        for c in copies: c.result()
+        atomic_write(file, write, durable); failure = None
     except CheckpointError as e: failure = str(e)
     else: _written[file] = _identity(file)
     finally:
@@ -208,12 +229,25 @@ def _raise_failure(failure):
     "The same error on every rank: the main process's failure to write a file"
     if failure: raise CheckpointError(failure)
 
-def flush_saves(timeout=None):
-    "Wait for this rank's background work on saves; raise `CheckpointError` on every rank if a write failed"
-    while _in_flight:
-        item = _in_flight.pop(0)
-        _raise_failure(_wait_for_writer(*item, timeout) if isinstance(item, tuple) else item.result())
-    wait_for_closes() # one at a time, like the writes: the next save does not race the freeing of the last one's blocks
+def _last_write_of(file):
+    "How many of the saves in flight to wait for so that the last one of `file` is done (all of them if `file` is None)"
+    if file is None: return len(_in_flight)
+    file = Path(file).absolute()
+    return next((i+1 for i in reversed(range(len(_in_flight))) if _in_flight[i][0] == file), 0)
+
+def _finish_writes(timeout, file=None):
+    "Wait for the background writes in flight, until the last of `file` if given; raise the first failure on every rank"
+    for _ in range(_last_write_of(file)):
+        _,work = _in_flight.pop(0)
+        _raise_failure(_wait_for_writer(*work, timeout) if isinstance(work, tuple) else work.result())
+    # one at a time, like the writes: the next save does not race the freeing of the last one's blocks
+    if not _in_flight: wait_for_closes()
+
+def flush_saves(timeout=None, # seconds to wait for the main process's writes
+                file=None): # only until the writes of this file are done (and those before them)
+    "Wait for this rank's background copies and saves; raise `CheckpointError` on every rank if a write failed"
+    wait_for_copies()
+    _finish_writes(timeout, file)
 
 # %% ../nbs/02_persist.ipynb #b07f673b
 def check_not_replaced(file, # the file this run saved and is about to read back
@@ -222,7 +256,7 @@ def check_not_replaced(file, # the file this run saved and is about to read back
                        timeout=None): # seconds to wait for the other ranks
     "Raise `CheckpointError` on every rank if another run replaced `file` after this run's main process wrote it"
     file = Path(file).absolute()
-    flush_saves(timeout)
+    flush_saves(timeout, file)
     why = replaced_since_written(file) if is_main_process(check_scope(scope)) else None
     raise_failures(exchange(why, f"{what} {file.name} (written by this run?)", timeout), f"{what} {file}")
 
@@ -232,25 +266,32 @@ def save_on_main(file, # the file to write
                  scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
                  durable=True, # fsync the file and its directory before returning
                  timeout=None, # seconds to wait for the writer (default: `DDP_SAFE_TIMEOUT`)
-                 async_save=False): # write in a background thread and return at once (`flush_saves` waits for it)
+                 async_save=False): # write in a background thread and return at once (see `stage_for_save`)
     "Write `file` through `write` on the main process alone, atomically; every rank that calls it raises if that failed"
     file,scope = Path(file).absolute(),check_scope(scope)
     distrib_timeout(timeout) # a bad timeout fails here on every rank, not only on those that wait
-    flush_saves(timeout)
+    _finish_writes(timeout, file) # the writes of one file stay in order
     at = sync_point() if group_ready() else None # inside `local_io`, or without DDP: nobody else hears of this save
     if at: # saves are matched by place in the run, call site, and count there: a save of rank 0 alone matches none
         prefix,site = _save_prefix(scope),call_site()
         idx = _save_number(prefix, at, file.name, site)
     if is_main_process(scope):
         key = _note_write(prefix, file.name, at, site, idx) if at else None
-        if async_save: _in_flight.append(_writer.submit(_write_and_publish, file, write, durable, key))
+        if async_save: _in_flight.append((file, _background_write(file, write, durable, key)))
         else: _raise_failure(_write_and_publish(file, write, durable, key))
     elif at:
         # by name: ranks may reach one file by different paths (node mounts)
         job = (prefix, file.name, file, at, site, idx)
-        if async_save: _in_flight.append(job)
+        if async_save: _in_flight.append((file, job))
         else: _raise_failure(_wait_for_writer(*job, timeout))
     return file
+
+def _background_write(file, write, durable, key):
+    "Start the write of `file` in the writer's thread, after the copies staged for it; their memory is spare once it is done"
+    staged,_staged[:] = list(_staged),[]
+    job = _writer.submit(_write_and_publish, file, write, durable, key, list(_copying))
+    job.add_done_callback(lambda _: _give_back(staged))
+    return job
 
 def split_kwargs(kwargs, f):
     "`kwargs` in two: those that are parameters of `f`, and the others"
@@ -260,11 +301,12 @@ def split_kwargs(kwargs, f):
 @delegates(save_on_main, but='write')
 def save_state(obj, # what `torch.save` writes
                file, # the file to write
+               later=(), # with `async_save`: see `stage_for_save`
                **kwargs): # `save_on_main`'s options; the others go to `torch.save`
     "`torch.save(obj, file)` on the main process alone, atomically, with failures raised on every rank that calls it"
     opts,torch_save_kwargs = split_kwargs(kwargs, save_on_main)
-    if opts.get('async_save'): obj = stage_for_save(obj, **split_kwargs(opts, stage_for_save)[0])
-    return save_on_main(file, lambda tmp: torch.save(obj, tmp, **torch_save_kwargs), **opts)
+    if opts.get('async_save'): obj = stage_for_save(obj, opts.get('scope', 'global'), later)
+    return save_on_main(file, lambda tmp: torch_save(obj, tmp, **torch_save_kwargs), **opts)
 
 # %% ../nbs/02_persist.ipynb #4faccbe3
 def _truncated(file):
@@ -365,7 +407,7 @@ _alone_hint = ("Under DDP every rank must call it. To load on this rank alone (a
 
 def _meet(meeting, file, timeout):
     "First meeting of a load: which ranks have the file; fails with a hint if ranks do not come"
-    flush_saves(timeout) # the main process's writes are complete before anyone reads
+    flush_saves(timeout, file) # the main process's write of it is complete before anyone reads
     try: return exchange(file.is_file(), meeting, timeout)
     except DistributedTimeoutError as e: raise DistributedTimeoutError(f"{e}. {_alone_hint}") from e
 
@@ -394,7 +436,7 @@ def read_on_all(file, # the file to read
     "`read(file)` on every rank, once the main process has arrived; if any rank cannot, every rank raises"
     file,scope = Path(file).absolute(),check_scope(scope)
     if not group_ready():
-        flush_saves(timeout)
+        flush_saves(timeout, file)
         res,failure = _read(file, read)
         if failure: raise error_for([failure], f"{what} {file}: {failure}")
         return res

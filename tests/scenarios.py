@@ -357,7 +357,7 @@ def async_fresh(root, delay=1.):
     return _value(learn)
 
 def async_write_failure(root):
-    "A good checkpoint exists; a background write fails half-way on rank 0; every rank hears of it at the next save"
+    "A good checkpoint exists; background writes fail half-way on rank 0; every rank hears of each at the next save of its file, or at the flush"
     learn = synth_learner(path=Path(root))
     learn.model = torch.nn.Sequential(torch.nn.Linear(4, 256), torch.nn.Linear(256, 1))
     learn.create_opt()
@@ -366,14 +366,35 @@ def async_write_failure(root):
     old = _limit_file_size(f.stat().st_size // 2) if rank_distrib() == 0 else None
     try:
         learn.save('m', async_save=True)             # returns at once, on every rank
-        try: learn.save('other', async_save=True); err = None
+        learn.save('other', async_save=True)         # another file: no wait for the write of m
+        try: learn.save('m', async_save=True); err = None  # the next save of m waits for the last one, which failed
         except CheckpointError as e: err = str(e)
-        flush_saves()
+        try: flush_saves(); flushed = None           # the write of other failed too
+        except CheckpointError as e: flushed = str(e)
     finally:
         if old: resource.setrlimit(resource.RLIMIT_FSIZE, old)
     learn.load('m')
-    return dict(error=err, value=learn.model[0].weight.flatten()[0].item(),
+    return dict(error=err, flushed=flushed, value=learn.model[0].weight.flatten()[0].item(),
                 files=sorted(p.name for p in f.parent.iterdir() if p.name.startswith('.m.')))
+
+def checkpoint_of_its_step(root, slow=0.5, every_iters=None):
+    "The background copy of each checkpoint's weights made slow: each still holds the weights of its own step, on every rank"
+    import ddp_safe_fastai.persist as persist
+    copy = persist._copy_pairs
+    def slow_copy(pairs): time.sleep(slow); copy(pairs)  # a copy that ends batches later, as one of gigabytes would
+    persist._copy_pairs = slow_copy
+    learn = synth_learner(path=Path(root), seed=1)
+    seen = {}
+    class Record(Callback):
+        order = CheckpointCallback.order + 1
+        def _note(self, it): seen[self.epoch+1, it] = [p.detach().clone() for p in learn.model.parameters()]
+        def after_batch(self):
+            if self.training and every_iters and (self.iter+1) % every_iters == 0 and self.iter+1 < self.n_iter: self._note(self.iter+1)
+        def after_epoch(self): self._note(0)
+    with learn.distrib_ctx(): learn.fit(3, 0.1, cbs=[CheckpointCallback(keep=99, every_iters=every_iters), Record()])
+    ckpt = Path(root)/'models/ckpt'
+    def saved(e, it): return torch.load(ckpt/(f"epoch_{e-1 if it else e:04d}" + (f"_iter_{it:06d}" if it else ''))/'state.pth', weights_only=False)['model']['model']
+    return {f"{e}/{it}": all(torch.equal(a, b) for a,b in zip(saved(e, it).values(), w)) for (e, it),w in seen.items()}
 
 def bad_timeout_save(root):
     "Every rank saves with DDP_SAFE_TIMEOUT set to something that is not a timeout; what each raised, and where"
@@ -450,6 +471,7 @@ class StopAt(Callback):
     order = 1001  # after `CheckpointCallback`
     def __init__(self, root, at, wait): self.root,self.at,self.wait = Path(root),at,wait
     def _stop(self):
+        flush_saves()  # the checkpoint is written in the background: its commit is done
         if rank_distrib() == 0: (self.root/'stop').touch()
         time.sleep(self.wait)  # to be killed in; or for a node to be killed, and then fail
     def after_batch(self):

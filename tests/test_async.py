@@ -8,5 +8,13 @@ def test_async_save_then_load_is_fresh(launch, tmp_path):
 def test_async_write_failure_reaches_every_rank(launch, tmp_path):
     for r in values(launch(s.async_write_failure, str(tmp_path))):
         assert r['error'] and r['error'].startswith('could not write') and 'm.pth' in r['error'], r
+        assert r['flushed'] and r['flushed'].startswith('could not write') and 'other.pth' in r['flushed'], r
         assert r['value'] == 1.   # the previous checkpoint survives
         assert r['files'] == []   # no temporary left
+
+def test_checkpoint_holds_the_weights_of_its_step(tmp_path):
+    "CheckpointCallback copies the weights while the next batch runs: a slow copy still ends before the step that changes them"
+    from ddp_safe_fastai.launch import torchrun_ranks
+    res = values(torchrun_ranks(s.checkpoint_of_its_step, str(tmp_path), 0.5, 2, init=False, nproc=2, timeout=300))
+    assert res[0] == res[1] and len(res[0]) == 3 + 3, res  # 3 epochs' ends; one checkpoint within each (4 batches a rank)
+    assert all(res[0].values()), res
