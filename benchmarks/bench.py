@@ -102,55 +102,81 @@ def async_stall(size=200*MB, reps=5, batch=0.1):
 def _wchar():
     return int(next(l for l in open('/proc/self/io') if l.startswith('wchar')).split()[1])
 
-def ranks_costs(root, size=10*MB, reps=3):
-    "On every rank: bytes written and seconds spent per checkpoint, unguarded, scope='global', scope='node'"
+def in_turns(fs, reps, measure):
+    "`measure(f)` for each of the named `fs`, `reps` rounds, in reverse order every other round, every rank together; lists by name"
+    for f in fs.values(): measure(f); distrib_barrier()  # untimed: first touches
+    out = {k: [] for k in fs}
+    for i in range(reps):
+        for k in (list(fs) if i % 2 == 0 else list(fs)[::-1]):
+            distrib_barrier()  # every rank starts each call together: a rank's time is the call's, not the others' lag
+            out[k].append(measure(fs[k]))
+    return out
+
+def ranks_costs(root, size=10*MB, reps=15):
+    "On every rank: bytes written and seconds spent per checkpoint, unguarded, the tutorial's idiom, scope='global', scope='node'"
     learn = learner_of(size, Path(root))
-    state, out = learn.model.state_dict(), {}
+    state = learn.model.state_dict()
     def unguarded(): torch.save(state, Path(root)/'models/unguarded.pth')  # fastai-style code without the guard
     def tutorial():
         if rank_distrib() == 0: torch.save(state, Path(root)/'models/tutorial.pth')
         dist.barrier()
+    def measure(f):
+        w,t = _wchar(),time.perf_counter(); f()
+        return time.perf_counter() - t, _wchar() - w
     (Path(root)/'models').mkdir(exist_ok=True)
-    for name, f in [('unguarded', unguarded), ('tutorial rank0+barrier', tutorial),
-                    ('global', lambda: learn.save('g', with_opt=False)), ('node', lambda: learn.save('n', with_opt=False, scope='node')),
-                    ('global, durable=False (no fsync, as the tutorial)', lambda: learn.save('f', with_opt=False, durable=False))]:
-        f(); distrib_barrier()
-        w = _wchar(); t = timed(f, reps, warm_up=False); w = (_wchar() - w) / reps
-        out[name] = dict(bytes=w, seconds=t)
-    return dict(size=os.path.getsize(Path(root)/'models/g.pth'), costs=out)
+    runs = in_turns({'unguarded': unguarded, 'tutorial rank0+barrier': tutorial,
+                     'global': lambda: learn.save('g', with_opt=False), 'node': lambda: learn.save('n', with_opt=False, scope='node'),
+                     'global, durable=False (no fsync, as the tutorial)': lambda: learn.save('f', with_opt=False, durable=False)},
+                    reps, measure)
+    return dict(size=os.path.getsize(Path(root)/'models/g.pth'),
+                costs={k: dict(seconds=statistics.median(t for t,_ in v), bytes=statistics.mean(w for _,w in v)) for k,v in runs.items()})
 
-def other_libraries(root, size=100*MB, reps=3):
-    "The same state through this library, HF Accelerate's save_state/load_state and torch.distributed.checkpoint"
+def other_libraries(root, size=100*MB, reps=9):
+    "The same state through this library, HF Accelerate's save_state/load_state and torch.distributed.checkpoint, in turns"
     import torch.distributed.checkpoint as dcp
     from accelerate import Accelerator
     learn = learner_of(size, Path(root))
     acc = Accelerator(cpu=True)
     acc.prepare(learn.model)  # registers it for accelerate's save_state
-    res = {}
-    res['ddp_safe_fastai, durable'] = (timed(lambda: learn.save('m', with_opt=False), reps), timed(lambda: learn.load('m', with_opt=False), reps))
-    res['ddp_safe_fastai, durable=False'] = (timed(lambda: learn.save('m', with_opt=False, durable=False), reps),
-                                             timed(lambda: learn.load('m', with_opt=False), reps))
-    dist.barrier()
-    d = Path(root)/'accel'
+    sd,accel,dcp_dir = {'model': learn.model.state_dict()},str(Path(root)/'accel'),str(Path(root)/'dcp')
     # save_state writes on the main process only and load_state does not wait for it: without this barrier rank 1
     # reads before rank 0 has written (FileNotFoundError, seen here), the race this library closes in its loads
-    res['accelerate'] = (timed(lambda: (acc.save_state(str(d)), acc.wait_for_everyone()), reps), timed(lambda: acc.load_state(str(d)), reps))
-    sd = {'model': learn.model.state_dict()}
-    res['torch.distributed.checkpoint'] = (timed(lambda: (dcp.save(sd, checkpoint_id=str(Path(root)/'dcp')), dist.barrier()), reps),
-                                           timed(lambda: dcp.load(sd, checkpoint_id=str(Path(root)/'dcp')), reps))
-    return res
+    libs = {'ddp_safe_fastai, durable': (lambda: learn.save('m', with_opt=False), lambda: learn.load('m', with_opt=False)),
+            'ddp_safe_fastai, durable=False': (lambda: learn.save('f', with_opt=False, durable=False), lambda: learn.load('f', with_opt=False)),
+            'accelerate': (lambda: (acc.save_state(accel), acc.wait_for_everyone()), lambda: acc.load_state(accel)),
+            'torch.distributed.checkpoint': (lambda: (dcp.save(sd, checkpoint_id=dcp_dir), dist.barrier()),
+                                             lambda: dcp.load(sd, checkpoint_id=dcp_dir))}
+    def save_then_load(fs):
+        ts = []
+        for f in fs: t = time.perf_counter(); f(); ts.append(time.perf_counter() - t)
+        return ts
+    runs = in_turns(libs, reps, save_then_load)
+    return {k: tuple(statistics.median(t[i] for t in v) for i in (0, 1)) for k,v in runs.items()}
 
 # ---- a real training: what the callbacks cost an epoch ----
-def callbacks_overhead(root, reps=5):
-    "Seconds per epoch of the vision example on this rank: plain, with SafeSaveModelCallback + CheckpointCallback, and with both writing in the background"
+class EpochClock(Callback):
+    "When each epoch starts, and when the fit ends (after every other callback's `after_fit`)"
+    order = 10_000
+    def before_fit(self): self.starts = []
+    def before_epoch(self): self.starts.append(time.perf_counter())
+    def after_fit(self): self.end = time.perf_counter()
+
+def callbacks_overhead(root, reps=5, epochs=4):
+    "Per epoch of the vision example on this rank, in fits of `epochs` epochs: the median seconds of an epoch and its save (all but the last), and the fit's end (its last epoch, the last writes waited for, the best model reloaded); plain, both callbacks synchronous, and in the background (their default)"
     sys.path.insert(0, str(Path(__file__).parent.parent/'examples'))
     from vision import digits_learner
     learn = digits_learner(Path(root))
-    def epoch(**kw):
-        cbs = [SafeSaveModelCallback(monitor='accuracy', **kw), CheckpointCallback(resume=False, **kw)] if kw else []
-        with learn.distrib_ctx(): learn.fit(1, 1e-3, cbs=cbs)
-    # each fit's one epoch is its best: the model is saved and reloaded, and a whole checkpoint written, every epoch
-    return alternated(epoch, partial(epoch, async_save=False), partial(epoch, async_save=True), reps=reps)
+    clock,times = EpochClock(),{}
+    def fit(key, **kw):
+        # the costliest case: every epoch a new best (forced), so the model is saved every epoch, and a checkpoint too
+        cbs = [SafeSaveModelCallback(monitor='valid_loss', comp=lambda a,b: True, **kw), CheckpointCallback(resume=False, **kw)] if kw else []
+        with learn.distrib_ctx(): learn.fit(epochs, 1e-3, cbs=[*cbs, clock])
+        s = clock.starts
+        times.setdefault(key, []).append(([b-a for a,b in zip(s, s[1:])], clock.end - s[-1]))
+    keys = 'plain','synchronous','background'
+    alternated(*(partial(fit, k, **kw) for k,kw in zip(keys, [{}, dict(async_save=False), dict(async_save=True)])), reps=reps)
+    return {k: dict(epoch=statistics.median(e for es,_ in times[k][1:] for e in es),
+                    end=statistics.median(end for _,end in times[k][1:])) for k in keys}  # [0]: alternated's untimed first run
 
 # ---- report ----
 def table(title, header, rows):
@@ -184,10 +210,10 @@ def main():
         size = vals[0]['size']
         for name in vals[0]['costs']:
             copies = sum(v['costs'][name]['bytes'] for v in vals) / size
-            lat = max(v['costs'][name]['seconds'] for v in vals)
-            rows.append([str(n), name, f"{copies:.2f}", f"{lat*1000:.1f}"])
+            lat,tut = (max(v['costs'][k]['seconds'] for v in vals) for k in (name, 'tutorial rank0+barrier'))
+            rows.append([str(n), name, f"{copies:.2f}", f"{lat*1000:.1f}", f"{lat/tut:.2f}x"])
     table('Copies written per checkpoint (bytes written / checkpoint size, all ranks), and the latency the save adds to every rank\'s step (the slowest rank\'s time in it), 10 MB, one node',
-          ['ranks', 'how', 'copies', 'latency ms'], rows)
+          ['ranks', 'how', 'copies', 'latency ms', 'vs the tutorial\'s'], rows)
     results['libraries'] = {}
     for n in (2, 4):
         with tempfile.TemporaryDirectory() as d:
@@ -207,10 +233,14 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         outs = torchrun_ranks(callbacks_overhead, d, nproc=2, init=False, timeout=600)
     if not all(o.ok for o in outs): raise RuntimeError(outs)
-    plain,guarded,background = results['callbacks'] = outs[0].value
-    table('An epoch of the vision example (resnet18, 1,437 images, 2 CPU ranks), rank 0\'s seconds (median)',
-          ['plain fit', 'with SafeSaveModelCallback + CheckpointCallback', 'ratio', 'the same, async_save=True', 'ratio'],
-          [[f"{plain:.2f}", f"{guarded:.2f}", f"{guarded/plain:.3f}x", f"{background:.2f}", f"{background/plain:.3f}x"]])
+    cb = results['callbacks'] = outs[0].value
+    plain,sync,bg = (cb[k] for k in ('plain', 'synchronous', 'background'))
+    table('The vision example (resnet18, 1,437 images, 2 CPU ranks, fits of 4 epochs, every epoch a new best and a '
+          'checkpoint), rank 0\'s seconds (median): an epoch with its saves, and the end of a fit (the last epoch, its '
+          'writes waited for, the best model reloaded)',
+          ['', 'plain fit', 'both callbacks, synchronous', 'ratio', 'both callbacks, in the background (default)', 'ratio'],
+          [[what, f"{plain[k]:.2f}", f"{sync[k]:.2f}", f"{sync[k]/plain[k]:.3f}x", f"{bg[k]:.2f}", f"{bg[k]/plain[k]:.3f}x"]
+           for what,k in [('an epoch', 'epoch'), ('the end of the fit', 'end')]])
     plot(results, Path(__file__).parent.parent/'nbs/images/benchmarks.png')
     (Path(__file__).parent/'results.json').write_text(json.dumps(results, indent=1, default=str))
 

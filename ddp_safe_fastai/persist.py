@@ -136,7 +136,11 @@ def _wait_for_writer(prefix, name, file, at, site, idx, timeout):
         return _outcome(store, f"{prefix}/{name}/{n}", file, timeout)
 
 # %% ../nbs/02_persist.ipynb #775f7426
-_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_writer')  # one write at a time
+def _yield_to_training():
+    "Give the calling thread the lowest CPU priority, on Linux, where a thread has its own (elsewhere it is the process's)"
+    if sys.platform.startswith('linux'): os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+
+_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_writer', initializer=_yield_to_training)  # one write at a time
 _copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_copier')  # copies are not queued behind writes
 _in_flight = []  # (file, work): main process: futures of background writes; other ranks: saves to hear about
 _copying = []  # futures of background copies: the tensors they read must not change until they are done
@@ -293,9 +297,12 @@ def _background_write(file, write, durable, key):
     job.add_done_callback(lambda _: _give_back(staged))
     return job
 
+@cache
+def _param_names(f): return set(inspect.signature(f).parameters)  # looked up once: it costs more than a small load's bookkeeping
+
 def split_kwargs(kwargs, f):
     "`kwargs` in two: those that are parameters of `f`, and the others"
-    names = inspect.signature(f).parameters
+    names = _param_names(f)
     return {k:v for k,v in kwargs.items() if k in names}, {k:v for k,v in kwargs.items() if k not in names}
 
 @delegates(save_on_main, but='write')
