@@ -29,16 +29,23 @@ def timed(f, reps, warm_up=True):
         t = time.perf_counter(); f(); ts.append(time.perf_counter() - t)
     return statistics.median(ts)
 
-def alternated(*fs, reps, sync=False):
-    "Median seconds of each of `fs`, run in turn (in reverse order every other round) so that drift in the machine hits all alike"
-    ts = [[] for _ in fs]
-    for f in fs: flush_saves(); f()  # untimed: the first run of each pays for first touches (disk blocks, pages)
+def in_turns(fs, reps, measure):
+    "`measure(f)` for each of the named `fs`, `reps` rounds, in reverse order every other round so that drift in the machine hits all alike, every rank together; lists by name"
+    for f in fs.values(): measure(f); distrib_barrier()  # untimed: first touches (memory, disk blocks)
+    out = {k: [] for k in fs}
     for i in range(reps):
-        for j in (range(len(fs)) if i % 2 == 0 else reversed(range(len(fs)))):
-            flush_saves()       # untimed: a background write ends during the epoch that follows it
-            if sync: os.sync()  # untimed: no run pays for the dirty pages of the one before
-            t = time.perf_counter(); fs[j](); ts[j].append(time.perf_counter() - t)
-    return tuple(statistics.median(t) for t in ts)
+        for k in (list(fs) if i % 2 == 0 else list(fs)[::-1]):
+            distrib_barrier()  # every rank starts each call together: a rank's time is the call's, not the others' lag
+            out[k].append(measure(fs[k]))
+    return out
+
+def alternated(*fs, reps, sync=False):
+    "Median seconds of each of `fs`, run in turns"
+    def measure(f):
+        flush_saves()       # untimed: a background write ends during the epoch that follows it
+        if sync: os.sync()  # untimed: no run pays for the dirty pages of the one before
+        t = time.perf_counter(); f(); return time.perf_counter() - t
+    return tuple(statistics.median(v) for v in in_turns(dict(enumerate(fs)), reps, measure).values())
 
 def paired(fa, fb, reps, sync=False): return alternated(fa, fb, reps=reps, sync=sync)
 
@@ -56,6 +63,11 @@ def save_load_costs(sizes=(10*MB, 100*MB, 1024*MB)):
             r['raw_save'],r['safe_save'] = paired(raw_save, lambda: learn.save('m', with_opt=False, durable=False), reps, True)
             r['raw_save_fsync'],r['safe_save_durable'] = paired(raw_save_fsync, lambda: learn.save('m', with_opt=False), reps, True)
             r['raw_load'],r['safe_load'] = paired(raw_load, lambda: learn.load('m', with_opt=False), reps)
+            # the least a load into the model can cost: what every `torch.load` pays before the bytes (the zip's index,
+            # the weights-only unpickler; the file mapped, not read), and one copy of the bytes into the model
+            copy = {k: v.clone() for k,v in state.items()}
+            r['load_fixed'],r['one_copy'] = paired(lambda: torch.load(Path(d)/'models/m.pth', mmap=True),
+                                                   lambda: learn.model.load_state_dict(copy), reps)
             rows.append(r)
             del learn, state
     return rows
@@ -101,16 +113,6 @@ def async_stall(size=200*MB, reps=5, batch=0.1):
 # ---- several ranks: copies written, latency added, other libraries ----
 def _wchar():
     return int(next(l for l in open('/proc/self/io') if l.startswith('wchar')).split()[1])
-
-def in_turns(fs, reps, measure):
-    "`measure(f)` for each of the named `fs`, `reps` rounds, in reverse order every other round, every rank together; lists by name"
-    for f in fs.values(): measure(f); distrib_barrier()  # untimed: first touches
-    out = {k: [] for k in fs}
-    for i in range(reps):
-        for k in (list(fs) if i % 2 == 0 else list(fs)[::-1]):
-            distrib_barrier()  # every rank starts each call together: a rank's time is the call's, not the others' lag
-            out[k].append(measure(fs[k]))
-    return out
 
 def ranks_costs(root, size=10*MB, reps=15):
     "On every rank: bytes written and seconds spent per checkpoint, unguarded, the tutorial's idiom, scope='global', scope='node'"
@@ -188,11 +190,15 @@ def main():
     kept = os.environ.get('MALLOC_MMAP_MAX_') == '0'
     print(f"freed memory kept by the process (see tools/bench.sh): {'yes' if kept else 'no: the 1 GB figures vary with the host'}")
     sl = results['save_load'] = save_load_costs()
-    table('Guarded save and load vs raw torch (one process, seconds, median)',
-          ['size', 'raw save', 'Learner.save', 'ratio', 'raw save+fsync', 'Learner.save durable', 'ratio', 'raw load', 'Learner.load', 'ratio'],
-          [[f"{r['size_mb']:.0f} MB", f"{r['raw_save']:.3f}", f"{r['safe_save']:.3f}", f"{r['safe_save']/r['raw_save']:.2f}x",
-            f"{r['raw_save_fsync']:.3f}", f"{r['safe_save_durable']:.3f}", f"{r['safe_save_durable']/r['raw_save_fsync']:.2f}x",
-            f"{r['raw_load']:.3f}", f"{r['safe_load']:.3f}", f"{r['safe_load']/r['raw_load']:.2f}x"] for r in sl])
+    ms = lambda t: f"{t*1000:.2f}"
+    table('Guarded save and load vs raw torch (one process, milliseconds, median); the floor of a load: what any '
+          '`torch.load` pays before the bytes, plus one copy of them into the model',
+          ['size', 'raw save', 'Learner.save', 'ratio', 'raw save+fsync', 'Learner.save durable', 'ratio', 'raw load',
+           'Learner.load', 'ratio', 'floor', 'floor / raw load'],
+          [[f"{r['size_mb']:.0f} MB", ms(r['raw_save']), ms(r['safe_save']), f"{r['safe_save']/r['raw_save']:.2f}x",
+            ms(r['raw_save_fsync']), ms(r['safe_save_durable']), f"{r['safe_save_durable']/r['raw_save_fsync']:.2f}x",
+            ms(r['raw_load']), ms(r['safe_load']), f"{r['safe_load']/r['raw_load']:.2f}x",
+            ms(r['load_fixed'] + r['one_copy']), f"{(r['load_fixed'] + r['one_copy'])/r['raw_load']:.2f}x"] for r in sl])
     a = results['async'] = async_stall()
     table('Training stall per save, 200 MB model (seconds): synchronous (durable); in the background, the state copied at once '
           '(`Learner.save(async_save=True)`); in the background as the callbacks save (the weights copied during the next batch)',

@@ -1,5 +1,5 @@
 "What each rank does in the multi-process tests: module-level functions, run by `spawn_ranks` and `torchrun_ranks`"
-import os, json, time, signal, resource, importlib
+import os, json, time, signal, resource, importlib, contextlib
 from pathlib import Path
 import torch, torch.distributed as dist
 from fastai.basics import Callback
@@ -395,6 +395,43 @@ def checkpoint_of_its_step(root, slow=0.5, every_iters=None):
     ckpt = Path(root)/'models/ckpt'
     def saved(e, it): return torch.load(ckpt/(f"epoch_{e-1 if it else e:04d}" + (f"_iter_{it:06d}" if it else ''))/'state.pth', weights_only=False)['model']['model']
     return {f"{e}/{it}": all(torch.equal(a, b) for a,b in zip(saved(e, it).values(), w)) for (e, it),w in seen.items()}
+
+def _fill_disk(path):
+    "Fill the file system of the folder `path` to its last byte, as another program might; the file that does it"
+    filler = Path(path)/'filler'
+    with open(filler, 'wb', buffering=0) as f, contextlib.suppress(OSError):
+        while f.write(bytes(2**16)): pass
+    return filler
+
+class DiskFullFrom(Callback):
+    "From epoch `at` on, rank 0's disk is full (the earlier epochs' files are written first)"
+    def __init__(self, at): self.at,self.filler = at,None
+    def before_epoch(self):
+        if self.epoch != self.at: return
+        flush_saves()
+        if rank_distrib() == 0: self.filler = _fill_disk(self.path)
+
+def background_write_failure(root):
+    "Both callbacks write in the background, as by default; the disk fills after epoch 0: what each rank raises, and what is left"
+    learn = synth_learner(path=Path(root), seed=1)
+    full,saved = DiskFullFrom(1),{}
+    class Record(Callback):
+        def after_epoch(self): saved.setdefault(self.epoch, [p.detach().clone() for p in learn.model.parameters()])
+    cbs = [SafeSaveModelCallback(comp=lambda a,b: True), CheckpointCallback(), full, Record()]  # a new best every epoch
+    errors = []
+    try:
+        try:
+            with learn.distrib_ctx(): learn.fit(4, 0.1, cbs=cbs)
+        except CheckpointError as e: errors.append((str(e), learn.epoch))
+        try: flush_saves()  # the writes still in flight
+        except CheckpointError as e: errors.append((str(e), None))
+    finally:
+        if full.filler: full.filler.unlink()
+    models = Path(root)/'models'
+    model = torch.load(models/'model.pth')
+    return dict(errors=errors, latest=latest_complete(models/'ckpt').name,
+                model_of_epoch_0=all(torch.equal(a, b) for a,b in zip(model.values(), saved[0])),
+                temporaries=sorted(str(p.relative_to(models)) for p in models.rglob('*.tmp')))
 
 def bad_timeout_save(root):
     "Every rank saves with DDP_SAFE_TIMEOUT set to something that is not a timeout; what each raised, and where"

@@ -1,6 +1,6 @@
 "Issue 5: asynchronous saves keep every guarantee of the synchronous ones"
 import scenarios as s
-from conftest import values
+from conftest import values, needs_mounts
 
 def test_async_save_then_load_is_fresh(launch, tmp_path):
     assert values(launch(s.async_fresh, str(tmp_path))) == [2., 2.]
@@ -18,3 +18,17 @@ def test_checkpoint_holds_the_weights_of_its_step(tmp_path):
     res = values(torchrun_ranks(s.checkpoint_of_its_step, str(tmp_path), 0.5, 2, init=False, nproc=2, timeout=300))
     assert res[0] == res[1] and len(res[0]) == 3 + 3, res  # 3 epochs' ends; one checkpoint within each (4 batches a rank)
     assert all(res[0].values()), res
+
+@needs_mounts
+def test_background_write_failure_reaches_every_rank(tmp_path):
+    "The callbacks' background writes fail (the disk, a small tmpfs, fills up): every rank raises at the next save of the file, the rest at the next flush; epoch 0's files survive"
+    from ddp_safe_fastai.launch import torchrun_ranks
+    mount = 'mount --make-rprivate / && mount -t tmpfs -o size=4m tmpfs "$0" && exec "$@"'
+    res = values(torchrun_ranks(s.background_write_failure, str(tmp_path), init=False, nproc=2, timeout=300,
+                                node_prefix=lambda i: ['unshare', '-m', 'sh', '-c', mount, str(tmp_path)]))
+    assert res[0] == res[1], res  # the same errors, at the same epoch, on every rank
+    (first, epoch), (then, _) = res[0]['errors']
+    # fastai puts the callback's name before the message
+    assert 'could not write' in first and 'model.pth' in first and '0 MiB free' in first and epoch == 2, first
+    assert 'could not write' in then and 'ckpt' in then, then  # epoch 1's checkpoint
+    assert res[0]['latest'] == 'epoch_0001' and res[0]['model_of_epoch_0'] and res[0]['temporaries'] == [], res
