@@ -5,7 +5,7 @@
 # %% ../nbs/01_files.ipynb #e604bb33
 from __future__ import annotations
 import os, sys, glob, time, ctypes, secrets, shutil, socket, threading
-from contextlib import suppress, contextmanager
+from contextlib import suppress
 from pathlib import Path
 import torch
 from .core import CheckpointError, describe
@@ -13,7 +13,7 @@ try: import fcntl
 except ImportError: fcntl = None  # Windows: no file locks
 
 # %% auto #0
-__all__ = ['flush_to_disk', 'wait_for_closes', 'writer_of', 'atomic_write', 'crc_skipped', 'torch_save', 'atomic_torch_save']
+__all__ = ['flush_to_disk', 'wait_for_closes', 'writer_of', 'atomic_write', 'atomic_torch_save']
 
 # %% ../nbs/01_files.ipynb #a43091df
 def flush_to_disk(path, directory=False, strict=False):
@@ -151,22 +151,6 @@ def _write_and_swap(file, write, durable):
     if durable: flush_to_disk(file.parent, directory=True)
     if swapped: tmp.unlink(missing_ok=True)  # the previous file (another writer's cleanup may have been first)
 
-_crc_lock = threading.RLock()  # our saves in two threads at once set it and give it back in turn
-
-@contextmanager
-def crc_skipped():
-    "Inside it, `torch.save` writes no CRC-32s: `torch.load` never checks them"
-    try: from torch.utils.serialization import config  # torch 2.6 and later
-    except ImportError: yield; return
-    with _crc_lock:
-        old,config.save.compute_crc32 = config.save.compute_crc32,False
-        try: yield
-        finally: config.save.compute_crc32 = old
-
-def torch_save(obj, file, **torch_save_kwargs):
-    "`torch.save(obj, file, **torch_save_kwargs)` without the CRC-32s nothing reads"
-    with crc_skipped(): torch.save(obj, file, **torch_save_kwargs)
-
 def atomic_torch_save(obj, file, durable=True, **torch_save_kwargs):
     "`torch.save(obj, file, **torch_save_kwargs)`, atomically: the previous `file` survives any failure"
-    return atomic_write(file, lambda tmp: torch_save(obj, tmp, **torch_save_kwargs), durable=durable)
+    return atomic_write(file, lambda tmp: torch.save(obj, tmp, **torch_save_kwargs), durable=durable)

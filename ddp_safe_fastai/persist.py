@@ -313,7 +313,7 @@ def save_state(obj, # what `torch.save` writes
     "`torch.save(obj, file)` on the main process alone, atomically, with failures raised on every rank that calls it"
     opts,torch_save_kwargs = split_kwargs(kwargs, save_on_main)
     if opts.get('async_save'): obj = stage_for_save(obj, opts.get('scope', 'global'), later)
-    return save_on_main(file, lambda tmp: torch_save(obj, tmp, **torch_save_kwargs), **opts)
+    return save_on_main(file, lambda tmp: torch.save(obj, tmp, **torch_save_kwargs), **opts)
 
 # %% ../nbs/02_persist.ipynb #4faccbe3
 def _truncated(file):
