@@ -138,7 +138,8 @@ def _wait_for_writer(prefix, name, file, at, site, idx, timeout):
 # %% ../nbs/02_persist.ipynb #775f7426
 def _yield_to_training():
     "Give the calling thread the lowest CPU priority, on Linux, where a thread has its own (elsewhere it is the process's)"
-    if sys.platform.startswith('linux'): os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    if not sys.platform.startswith('linux'): return
+    with suppress(OSError): os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # a sandbox that forbids it: writes go on as they are
 
 _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_writer', initializer=_yield_to_training)  # one write at a time
 _copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_copier')  # copies are not queued behind writes
