@@ -10,12 +10,12 @@ from datetime import timedelta
 import torch, torch.distributed as dist
 
 # %% auto #0
-__all__ = ['CheckpointError', 'CheckpointNotFoundError', 'DistributedTimeoutError', 'StoreUnreachableError', 'group_ready',
-           'rank_distrib', 'num_distrib', 'Topology', 'topology', 'node_rank_distrib', 'local_rank_distrib',
-           'check_scope', 'is_main_process', 'rank_device', 'distrib_timeout', 'group_store', 'store_outlives_ranks',
-           'restart_attempt', 'run_prefix', 'join_launched_group', 'meet', 'store_reachable', 'exchange',
-           'distrib_barrier', 'broadcast_object', 'sync_point', 'FileMissing', 'error_for', 'raise_failures',
-           'describe', 'local_io', 'main_process_first']
+__all__ = ['run_group', 'CheckpointError', 'CheckpointNotFoundError', 'DistributedTimeoutError', 'StoreUnreachableError',
+           'RendezvousError', 'RunGroup', 'group_ready', 'rank_distrib', 'num_distrib', 'Topology', 'topology',
+           'node_rank_distrib', 'local_rank_distrib', 'check_scope', 'is_main_process', 'rank_device',
+           'distrib_timeout', 'group_store', 'store_outlives_ranks', 'restart_attempt', 'run_prefix', 'launched_world',
+           'join_launched_group', 'meet', 'store_reachable', 'exchange', 'distrib_barrier', 'broadcast_object',
+           'sync_point', 'FileMissing', 'error_for', 'raise_failures', 'describe', 'local_io', 'main_process_first']
 
 # %% ../nbs/00_core.ipynb #2b32a525
 class CheckpointError(RuntimeError):
@@ -30,6 +30,9 @@ class DistributedTimeoutError(CheckpointError, TimeoutError):
 class StoreUnreachableError(CheckpointError, ConnectionError):
     "The process group's store went away with the process that held it: the message names the operation"
 
+class RendezvousError(CheckpointError, ConnectionError):
+    "The launcher named several processes, but this one could not meet them: the message names the call and what to do"
+
 # %% ../nbs/00_core.ipynb #49dc1920
 def _env_int(names, default=0):
     "First of the environment variables `names` that is set, as an int"
@@ -37,21 +40,45 @@ def _env_int(names, default=0):
         if os.environ.get(n): return int(os.environ[n])
     return default
 
+def _base_store(store):
+    "`store` without the prefixes put around it"
+    while isinstance(store, dist.PrefixStore): store = store.underlying_store
+    return store
+
+class RunGroup:
+    "The process group this process last met through: its rank, its size and its store, kept after the group ends"
+    def __init__(self): self.key,self.rank,self.size,self.store,self.formed = None,0,0,None,0
+    def note(self):
+        "Remember the process group initialised now (once per group)"
+        pg = dist.distributed_c10d._get_default_group()
+        if id(pg) == self.key: return
+        self.key,self.rank,self.size = id(pg),dist.get_rank(),dist.get_world_size()
+        self.store = _base_store(dist.distributed_c10d._get_default_store())
+    @property
+    def several(self):
+        "Was this process one of several in its last group?"
+        return self.size > 1
+
+run_group = RunGroup()  # this process's
 _local_mode = False  # set by `local_io`
 
 def group_ready():
-    "Is there a process group this process coordinates through (never inside `local_io`)?"
-    return not _local_mode and dist.is_available() and dist.is_initialized()
+    "Is there a process group this process coordinates through (never inside `local_io`)? `run_group` remembers it"
+    ready = not _local_mode and dist.is_available() and dist.is_initialized()
+    if ready: run_group.note()
+    return ready
 
 # %% ../nbs/00_core.ipynb #0064dca8
 def rank_distrib():
-    "Global rank of this process: from the process group when one is initialised, else from the launcher's environment"
+    "Global rank of this process: from the process group, else the last one it had, else the launcher's environment"
     if group_ready(): return dist.get_rank()
+    if run_group.several: return run_group.rank
     return _env_int(['RANK', 'OMPI_COMM_WORLD_RANK', 'PMI_RANK'])
 
 def num_distrib():
     "Number of processes in the run (0 outside distributed training, as in fastai)"
     if group_ready(): return dist.get_world_size()
+    if run_group.several: return run_group.size
     return _env_int(['WORLD_SIZE', 'OMPI_COMM_WORLD_SIZE', 'PMI_SIZE'])
 
 # %% ../nbs/00_core.ipynb #9f34e364
@@ -136,28 +163,55 @@ _meetings = {}  # name -> how many meetings of that name this process has been t
 _meetings_entered = 0  # meetings of any name: with the process group's collectives, where this process is in the run
 
 # %% ../nbs/00_core.ipynb #5d4e1d12
-def _launched_without_group():
-    "Did a launcher start this process among several, and is there no process group yet?"
-    return (not _local_mode and dist.is_available() and not dist.is_initialized() and num_distrib() > 1
-            and {'MASTER_ADDR', 'MASTER_PORT'} <= set(os.environ))
+def launched_world():
+    "How many processes the launcher's environment names (0 without a launcher)"
+    return _env_int(['WORLD_SIZE', 'OMPI_COMM_WORLD_SIZE', 'PMI_SIZE'])
 
-def _init_restarted_group(timeout):
-    "After a restart by `torchrun --max-restarts`, join the group through keys of this attempt alone"
-    # the launcher's store outlives the attempt: gloo, joining through the same keys, was seen to read a dead
-    # worker's address from them and fail with "Connection refused"
-    attempt = restart_attempt()
-    if not attempt: return
-    client = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']), is_master=False, timeout=timeout)
-    dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo', store=dist.PrefixStore(f"attempt_{attempt}", client),
-                            rank=int(os.environ['RANK']), world_size=int(os.environ['WORLD_SIZE']), timeout=timeout)
+_connect_timeout = 30  # seconds: a launcher's store that is up answers at once; one that is gone never does
 
-def join_launched_group(timeout=None): # seconds to wait for the other ranks to join
-    "Is there a process group to meet through? Under a launcher, join its group first, as fastai's `distrib_ctx` would"
-    if _launched_without_group():
-        from accelerate import PartialState
-        timeout = timedelta(seconds=distrib_timeout(timeout))
-        _init_restarted_group(timeout)
-        PartialState(cpu=not torch.cuda.is_available(), timeout=timeout)
+_do_instead = "Every rank must make this call; to make it on this process alone, make it inside `with local_io():`"
+
+def _launcher_store(what):
+    "A connection to the store that the launcher's agent hosts (`torchrun`, `accelerate launch`, `notebook_launcher`)"
+    addr,port = os.environ['MASTER_ADDR'],int(os.environ['MASTER_PORT'])
+    try: return dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=_connect_timeout))
+    except Exception as e:
+        raise RendezvousError(f"{what}: this process is rank {rank_distrib()} of {num_distrib()}, but the launcher's "
+                              f"store at {addr}:{port} cannot be reached ({str(e).splitlines()[0]}): the launcher has "
+                              f"ended. {_do_instead}") from e
+
+def _rendezvous(what):
+    "The store, rank and size to form the run's group through; None where `init_process_group`'s `env://` makes the store"
+    if run_group.several: return run_group.store,run_group.rank,run_group.size
+    if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True': return _launcher_store(what),rank_distrib(),num_distrib()
+    if {'MASTER_ADDR', 'MASTER_PORT'} <= set(os.environ): return None
+    raise RendezvousError(f"{what}: the environment names {launched_world()} processes (WORLD_SIZE), but there is no "
+                          "process group and no rendezvous to make one (MASTER_ADDR and MASTER_PORT are unset). Start the "
+                          "script with torchrun or accelerate launch, make the process group first, or unset WORLD_SIZE")
+
+def _form_group(what, timeout):
+    "Form the run's process group through the store the ranks share, under keys that no earlier group used"
+    t,where = timedelta(seconds=distrib_timeout(timeout)),_rendezvous(what)
+    backend = 'nccl' if torch.cuda.is_available() else 'gloo'
+    try:
+        if where is None: return dist.init_process_group(backend, init_method='env://', timeout=t)
+        store,rank,size = where
+        run_group.formed += 1
+        dist.init_process_group(backend, store=dist.PrefixStore(f"{run_prefix()}/group_{run_group.formed}", store),
+                                rank=rank, world_size=size, timeout=t)
+    except Exception as e:
+        raise RendezvousError(f"{what}: rank {rank_distrib()} of {num_distrib()} did not form a process group with the "
+                              f"other ranks within {t.total_seconds():g}s ({str(e).splitlines()[0]}). {_do_instead}") from e
+
+def join_launched_group(timeout=None, # seconds to wait for the other ranks to join
+                        what='meeting'): # the call that needs the group, for messages
+    "Is this process one of several? Then there is a process group to meet through: the launcher's, or the run's formed again"
+    if _local_mode or not dist.is_available(): return False
+    if group_ready(): return True
+    if not (run_group.several or launched_world() > 1): return False
+    _form_group(what, timeout)
+    from accelerate import PartialState # accelerate's state, where fastai's `DistributedTrainer` reads it, sees the group
+    PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(seconds=distrib_timeout(timeout)))
     return group_ready()
 
 # %% ../nbs/00_core.ipynb #932c8df9
@@ -337,7 +391,7 @@ def _check_sizes(res, what):
 def exchange(obj, what, timeout=None):
     "Publish `obj` at the meeting named `what` and return the `obj` of every rank, in rank order"
     global _meetings_entered
-    if not join_launched_group(timeout): return [obj]
+    if not join_launched_group(timeout, what): return [obj]
     store,n,r,timeout = group_store(),num_distrib(),rank_distrib(),distrib_timeout(timeout)
     i = _meetings[what] = _meetings.get(what, 0) + 1
     _meetings_entered += 1

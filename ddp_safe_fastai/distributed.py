@@ -105,7 +105,7 @@ _trainer_init = fastai_original(DistributedTrainer, '__init__')
 @patch
 def __init__(self:DistributedTrainer, sync_bn=True, **kwargs):
     "Wrap `model` in `DistributedDataParallel` and `dls` in `DistributedDL`, on CPU (gloo) as on CUDA (nccl)"
-    join_launched_group()  # before accelerate does: after a torchrun restart, through keys of this attempt
+    join_launched_group(what="distrib_ctx")  # before accelerate does: a group formed again has keys of its own
     share_launch_env()
     cuda = _uses_cuda()
     kwargs.setdefault('cpu', not cuda)

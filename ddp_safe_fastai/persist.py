@@ -44,7 +44,7 @@ def _save_number(prefix, at, name, site):
     return n
 
 # %% ../nbs/02_persist.ipynb #6fcf8d8d
-_unpublished = {}  # on a writer: (store prefix, place) -> {file name: write number of its last save there}
+_unpublished = {}  # on a writer: (process group's id, store prefix, place) -> {file name: write number of its last save there}
 _published = []  # the last keys this process published them under
 _lock = threading.Lock()
 _watcher,_exiting = None,threading.Event()
@@ -56,18 +56,22 @@ def _publish(store, done):
         store.set(key, pickle.dumps(names))
         _published[:] = [*_published[-15:], (store, key)]
 
+def _current_group(): return dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
+
 def _take_left(pg, everything=False):
-    "The unpublished places this process has left (all of them if `everything`)"
-    now = sync_point(pg) if not everything and dist.is_initialized() else None
-    with _lock: return {k: _unpublished.pop(k) for k in list(_unpublished) if k[1] != now}
+    "The unpublished places of the process group `pg` that this process has left (all of them if `everything`, or once `pg` ended)"
+    now = sync_point(pg) if not everything and _current_group() is pg else None
+    with _lock: return {k[1:]: _unpublished.pop(k) for k in list(_unpublished) if k[0] == id(pg) and k[2] != now}
 
 def _watch_places(store, pg):
-    "Publish the saves made at a place as soon as this process leaves it: its next collective or meeting"
+    "Publish the saves made at a place in `pg` as soon as this process leaves it: its next collective or meeting, or the group's end"
     global _watcher
     while not _exiting.is_set():
         _publish(store, _take_left(pg))
         with _lock:
-            if not _unpublished: _watcher = None; return
+            if not any(k[0] == id(pg) for k in _unpublished):
+                if _watcher is threading.current_thread(): _watcher = None
+                return
         time.sleep(0.005)
 
 def _note_write(prefix, name, at, site, idx):
@@ -76,12 +80,13 @@ def _note_write(prefix, name, at, site, idx):
     store = group_store()
     n = store.add(f"{prefix}/{name}/n", 1)  # numbered by the store: a run that torchrun restarts never reuses one
     store.set(f"{prefix}/{name}/{_place(at)}/{site}/{idx}", str(n))
+    pg = _current_group()
     with _lock:
-        _unpublished.setdefault((prefix, at), {})[name] = n
-        if _watcher is None:
+        _unpublished.setdefault((id(pg), prefix, at), {})[name] = n
+        if _watcher is None or _watcher.group is not pg: # one a group: a group formed again has a store of its own
             # a connection of its own: a store client serves one request at a time, and the main thread may be waiting
-            _watcher = threading.Thread(target=_watch_places, args=(store.clone(), dist.distributed_c10d._get_default_group()),
-                                        daemon=True, name='ddp_safe_places')
+            _watcher = threading.Thread(target=_watch_places, args=(store.clone(), pg), daemon=True, name='ddp_safe_places')
+            _watcher.group = pg
             _watcher.start()
     return f"{prefix}/{name}/{n}"
 
@@ -91,7 +96,7 @@ def _publish_at_exit():
     # the watcher stops first: a thread still in the store's C++ code when the interpreter ends aborts the process
     _exiting.set()
     if _watcher is not None: _watcher.join(10)
-    with suppress(Exception): _publish(group_store(), _take_left(None, everything=True))
+    with suppress(Exception): _publish(group_store(), _take_left(_current_group(), everything=True))
     end = time.monotonic() + 60  # a reader that died does not hold the exit longer
     for store,key in _published:
         with suppress(Exception):
@@ -276,7 +281,8 @@ def save_on_main(file, # the file to write
     file,scope = Path(file).absolute(),check_scope(scope)
     distrib_timeout(timeout) # a bad timeout fails here on every rank, not only on those that wait
     _finish_writes(timeout, file) # the writes of one file stay in order
-    at = sync_point() if group_ready() else None # inside `local_io`, or without DDP: nobody else hears of this save
+    # inside `local_io`, or a process alone: nobody else hears of this save
+    at = sync_point() if join_launched_group(timeout, f"save {file}") else None
     if at: # saves are matched by place in the run, call site, and count there: a save of rank 0 alone matches none
         prefix,site = _save_prefix(scope),call_site()
         idx = _save_number(prefix, at, file.name, site)
@@ -363,7 +369,7 @@ def dir_is_shared(path, # the directory, as this rank names it
                   what='probe'): # the meeting, the same on every rank (directory names may differ)
     "Does every rank see the same directory `path`? None if rank 0 cannot write there. Every rank must call it"
     path = Path(path).absolute()
-    if not group_ready(): return True
+    if not join_launched_group(timeout, f"{what} {path}"): return True
     if path in _shared_dirs: return _shared_dirs[path]
     probe = None
     if rank_distrib() == 0:
@@ -443,7 +449,7 @@ def read_on_all(file, # the file to read
                 scope='global'): # 'node': read this node's own copy, also from a directory that is not shared
     "`read(file)` on every rank, once the main process has arrived; if any rank cannot, every rank raises"
     file,scope = Path(file).absolute(),check_scope(scope)
-    if not group_ready():
+    if not join_launched_group(timeout, f"{what} {file}"):
         flush_saves(timeout, file)
         res,failure = _read(file, read)
         if failure: raise error_for([failure], f"{what} {file}: {failure}")
