@@ -38,6 +38,7 @@ class CheckpointCallback(Callback):
                  every_epoch=1, # save after every `every_epoch` epochs
                  every_iters=None, # also save every `every_iters` training batches within an epoch
                  stop_on_signal=True, # SIGTERM or SIGUSR1 during the fit: every rank checkpoints one same batch and exits
+                 requeue=True, # under SLURM, after that checkpoint: requeue the job (`scontrol requeue`), which then resumes
                  keep=2, # how many checkpoints to keep
                  resume=True, # start from the latest complete checkpoint, if there is one
                  scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
@@ -114,13 +115,21 @@ class CheckpointCallback(Callback):
         if self.every_iters and (self.iter+1) % self.every_iters == 0 and self.iter+1 < self.n_iter: self._save(within=True)
 
     def _stop(self):
-        "Checkpoint after this batch on every rank, then exit with `PREEMPTED`"
+        "Checkpoint after this batch on every rank, requeue a SLURM job, then exit with `PREEMPTED`"
         self._save(within=True)  # after an epoch's last batch too: the resumed epoch then only validates
         flush_saves()
         how = signal.Signals(self.watch.signum).name if self.watch.signum else 'a signal to another rank'
-        _say(f"{how}: every rank stopped after batch {self.iter+1} of epoch {self.epoch}, checkpoint saved; "
-             f"exit status {PREEMPTED}: run the same command to resume")
+        _say(f"{how}: every rank stopped after batch {self.iter+1} of epoch {self.epoch}, checkpoint saved; {self._requeue()}")
         raise SystemExit(PREEMPTED)
+
+    def _requeue(self):
+        "What happens next: under SLURM the main process requeues the job (every rank hears the outcome), else the user runs it"
+        job = slurm_job() if self.requeue else None
+        if job is None: return f"exit status {PREEMPTED}: run the same command to resume"
+        why = broadcast_object(requeue_slurm_job(job) if rank_distrib() == 0 else None, what='CheckpointCallback requeue')
+        if why is None: return f"SLURM job {job} requeued: it resumes from this checkpoint when it runs again"
+        return (f"SLURM job {job} was not requeued ({why}): requeue it with `scontrol requeue {job}` or submit it again "
+                f"to resume; exit status {PREEMPTED}")
 
     def before_step(self):
         "The weights and the optimizer's state of a checkpoint are copied while the batch runs: done before the step changes them"

@@ -4,18 +4,19 @@
 
 # %% ../nbs/00_core.ipynb #88d9ff79
 from __future__ import annotations
-import os, pickle, socket, warnings, importlib, threading, queue, atexit
+import os, re, pickle, socket, warnings, importlib, threading, queue, atexit
 from contextlib import contextmanager, suppress
 from datetime import timedelta
 import torch, torch.distributed as dist
 
 # %% auto #0
 __all__ = ['run_group', 'CheckpointError', 'CheckpointNotFoundError', 'DistributedTimeoutError', 'StoreUnreachableError',
-           'RendezvousError', 'RunGroup', 'group_ready', 'rank_distrib', 'num_distrib', 'Topology', 'topology',
-           'node_rank_distrib', 'local_rank_distrib', 'check_scope', 'is_main_process', 'rank_device',
-           'distrib_timeout', 'group_store', 'store_outlives_ranks', 'restart_attempt', 'run_prefix', 'launched_world',
-           'join_launched_group', 'meet', 'store_reachable', 'exchange', 'distrib_barrier', 'broadcast_object',
-           'sync_point', 'FileMissing', 'error_for', 'raise_failures', 'describe', 'local_io', 'main_process_first']
+           'RendezvousError', 'RunGroup', 'group_ready', 'slurm_step', 'launched_world', 'rank_distrib', 'num_distrib',
+           'Topology', 'topology', 'node_rank_distrib', 'local_rank_distrib', 'check_scope', 'is_main_process',
+           'rank_device', 'distrib_timeout', 'group_store', 'store_outlives_ranks', 'restart_attempt', 'run_prefix',
+           'first_host', 'slurm_master', 'share_launch_env', 'join_launched_group', 'meet', 'store_reachable',
+           'exchange', 'distrib_barrier', 'broadcast_object', 'sync_point', 'FileMissing', 'error_for',
+           'raise_failures', 'describe', 'local_io', 'main_process_first']
 
 # %% ../nbs/00_core.ipynb #2b32a525
 class CheckpointError(RuntimeError):
@@ -69,17 +70,27 @@ def group_ready():
     return ready
 
 # %% ../nbs/00_core.ipynb #0064dca8
+def slurm_step():
+    "Is this process one task of several in a SLURM job step (`srun`), not started by torchrun?"
+    return 'RANK' not in os.environ and _env_int(['SLURM_STEP_NUM_TASKS']) > 1
+
+def _launcher_rank(): return _env_int(['RANK', *(['SLURM_PROCID'] if slurm_step() else []), 'OMPI_COMM_WORLD_RANK', 'PMI_RANK'])
+
+def launched_world():
+    "How many processes the launcher's environment names (0 without a launcher)"
+    return _env_int(['WORLD_SIZE', *(['SLURM_STEP_NUM_TASKS'] if slurm_step() else []), 'OMPI_COMM_WORLD_SIZE', 'PMI_SIZE'])
+
 def rank_distrib():
     "Global rank of this process: from the process group, else the last one it had, else the launcher's environment"
     if group_ready(): return dist.get_rank()
     if run_group.several: return run_group.rank
-    return _env_int(['RANK', 'OMPI_COMM_WORLD_RANK', 'PMI_RANK'])
+    return _launcher_rank()
 
 def num_distrib():
     "Number of processes in the run (0 outside distributed training, as in fastai)"
     if group_ready(): return dist.get_world_size()
     if run_group.several: return run_group.size
-    return _env_int(['WORLD_SIZE', 'OMPI_COMM_WORLD_SIZE', 'PMI_SIZE'])
+    return launched_world()
 
 # %% ../nbs/00_core.ipynb #9f34e364
 class Topology:
@@ -102,13 +113,15 @@ def topology():
     return _topologies[_group_key()]
 
 def node_rank_distrib():
-    "Index of this process's node: torchrun's `GROUP_RANK`, else from the `topology`"
+    "Index of this process's node: torchrun's `GROUP_RANK`, SLURM's `SLURM_NODEID`, else from the `topology`"
     if 'GROUP_RANK' in os.environ: return int(os.environ['GROUP_RANK'])
+    if slurm_step(): return _env_int(['SLURM_NODEID'])
     return topology().node[rank_distrib()] if group_ready() else 0
 
 def local_rank_distrib():
-    "Rank of this process within its node"
+    "Rank of this process within its node: `LOCAL_RANK`, SLURM's `SLURM_LOCALID`, else from the `topology`"
     if 'LOCAL_RANK' in os.environ: return int(os.environ['LOCAL_RANK'])
+    if slurm_step(): return _env_int(['SLURM_LOCALID'])
     return topology().local_rank(rank_distrib()) if group_ready() else 0
 
 # %% ../nbs/00_core.ipynb #b2ff18e4
@@ -163,10 +176,6 @@ _meetings = {}  # name -> how many meetings of that name this process has been t
 _meetings_entered = 0  # meetings of any name: with the process group's collectives, where this process is in the run
 
 # %% ../nbs/00_core.ipynb #5d4e1d12
-def launched_world():
-    "How many processes the launcher's environment names (0 without a launcher)"
-    return _env_int(['WORLD_SIZE', 'OMPI_COMM_WORLD_SIZE', 'PMI_SIZE'])
-
 _connect_timeout = 30  # seconds: a launcher's store that is up answers at once; one that is gone never does
 
 _do_instead = "Every rank must make this call; to make it on this process alone, make it inside `with local_io():`"
@@ -180,28 +189,48 @@ def _launcher_store(what):
                               f"store at {addr}:{port} cannot be reached ({str(e).splitlines()[0]}): the launcher has "
                               f"ended. {_do_instead}") from e
 
+def first_host(nodelist):
+    "The first host of a SLURM node list (`SLURM_JOB_NODELIST`)"
+    name,first = re.match(r'([^,\[]+)(?:\[([^\],-]+))?', nodelist.strip()).groups()
+    return name + (first or '')
+
+_slurm_port_base = 15000  # as Lightning's `SLURMEnvironment`: the port is this plus the job id's last four digits
+
+def slurm_master():
+    "The address and port rank 0 of a SLURM step hosts its store on: `MASTER_ADDR`/`MASTER_PORT`, else the first host and the job id's"
+    addr = os.environ.get('MASTER_ADDR') or first_host(os.environ.get('SLURM_STEP_NODELIST') or os.environ['SLURM_JOB_NODELIST'])
+    return addr, int(os.environ.get('MASTER_PORT') or _slurm_port_base + int(os.environ['SLURM_JOB_ID']) % 10000)
+
 def _rendezvous(what):
-    "The store, rank and size to form the run's group through; None where `init_process_group`'s `env://` makes the store"
-    if run_group.several: return run_group.store,run_group.rank,run_group.size
-    if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True': return _launcher_store(what),rank_distrib(),num_distrib()
-    if {'MASTER_ADDR', 'MASTER_PORT'} <= set(os.environ): return None
+    "How to form the run's group: through a store the ranks share, or through the address rank 0 hosts one on"
+    if run_group.several: return dict(store=run_group.store, rank=run_group.rank, world_size=run_group.size)
+    if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') == 'True':
+        return dict(store=_launcher_store(what), rank=rank_distrib(), world_size=num_distrib())
+    if slurm_step():
+        for k,v in zip(('MASTER_ADDR', 'MASTER_PORT'), slurm_master()): os.environ.setdefault(k, str(v))
+        return dict(init_method='env://', rank=rank_distrib(), world_size=num_distrib())
+    if {'MASTER_ADDR', 'MASTER_PORT'} <= set(os.environ): return dict(init_method='env://')
     raise RendezvousError(f"{what}: the environment names {launched_world()} processes (WORLD_SIZE), but there is no "
                           "process group and no rendezvous to make one (MASTER_ADDR and MASTER_PORT are unset). Start the "
                           "script with torchrun or accelerate launch, make the process group first, or unset WORLD_SIZE")
 
 def _form_group(what, timeout):
     "Form the run's process group through the store the ranks share, under keys that no earlier group used"
-    t,where = timedelta(seconds=distrib_timeout(timeout)),_rendezvous(what)
-    backend = 'nccl' if torch.cuda.is_available() else 'gloo'
-    try:
-        if where is None: return dist.init_process_group(backend, init_method='env://', timeout=t)
-        store,rank,size = where
+    t,how = timedelta(seconds=distrib_timeout(timeout)),_rendezvous(what)
+    if 'store' in how: # keys of their own: the store outlives the groups formed through it
         run_group.formed += 1
-        dist.init_process_group(backend, store=dist.PrefixStore(f"{run_prefix()}/group_{run_group.formed}", store),
-                                rank=rank, world_size=size, timeout=t)
+        how['store'] = dist.PrefixStore(f"{run_prefix()}/group_{run_group.formed}", how['store'])
+    try: dist.init_process_group('nccl' if torch.cuda.is_available() else 'gloo', timeout=t, **how)
     except Exception as e:
         raise RendezvousError(f"{what}: rank {rank_distrib()} of {num_distrib()} did not form a process group with the "
                               f"other ranks within {t.total_seconds():g}s ({str(e).splitlines()[0]}). {_do_instead}") from e
+
+def share_launch_env():
+    "Write this process group's rank and sizes into the environment, where accelerate and fastai read them"
+    if not group_ready(): return
+    topo,r = topology(),rank_distrib()
+    env = dict(RANK=r, WORLD_SIZE=num_distrib(), LOCAL_RANK=topo.local_rank(r), LOCAL_WORLD_SIZE=topo.local_size(r))
+    for k,v in env.items(): os.environ.setdefault(k, str(v))
 
 def join_launched_group(timeout=None, # seconds to wait for the other ranks to join
                         what='meeting'): # the call that needs the group, for messages
@@ -210,6 +239,7 @@ def join_launched_group(timeout=None, # seconds to wait for the other ranks to j
     if group_ready(): return True
     if not (run_group.several or launched_world() > 1): return False
     _form_group(what, timeout)
+    share_launch_env()  # before accelerate's state reads it (`srun` names no `RANK`)
     from accelerate import PartialState # accelerate's state, where fastai's `DistributedTrainer` reads it, sees the group
     PartialState(cpu=not torch.cuda.is_available(), timeout=timedelta(seconds=distrib_timeout(timeout)))
     return group_ready()

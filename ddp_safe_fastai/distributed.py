@@ -4,7 +4,7 @@
 
 # %% ../nbs/03_distributed.ipynb #f75ca3ec
 from __future__ import annotations
-import os, sys, warnings, importlib.abc, importlib.util, importlib.machinery
+import sys, warnings, importlib.abc, importlib.util, importlib.machinery
 from contextlib import contextmanager
 from functools import partial
 import torch, torch.distributed as dist
@@ -15,10 +15,8 @@ from fastai.torch_core import LongTensor
 from fastai.learner import defaults
 from .core import *
 
-
 # %% auto #0
-__all__ = ['fastai_defaults_kept', 'fastai_original', 'rebind_fastai', 'when_imported', 'share_launch_env', 'deal',
-           'setup_distrib', 'rank0_first']
+__all__ = ['fastai_defaults_kept', 'fastai_original', 'rebind_fastai', 'when_imported', 'deal', 'setup_distrib', 'rank0_first']
 
 # %% ../nbs/03_distributed.ipynb #8646cfc6
 _progress = 'fastai.callback.progress'
@@ -91,13 +89,6 @@ for _f in (rank_distrib, num_distrib, distrib_barrier): rebind_fastai(fastai.tor
 def _uses_cuda():
     "Does this run's communication go through CUDA (nccl)?"
     return dist.get_backend() == 'nccl' if group_ready() else torch.cuda.is_available()
-
-def share_launch_env():
-    "Write this process group's rank and sizes into the environment, where accelerate and fastai read them"
-    if not group_ready(): return
-    topo,r = topology(),rank_distrib()
-    env = dict(RANK=r, WORLD_SIZE=num_distrib(), LOCAL_RANK=topo.local_rank(r), LOCAL_WORLD_SIZE=topo.local_size(r))
-    for k,v in env.items(): os.environ.setdefault(k, str(v))
 
 # %% ../nbs/03_distributed.ipynb #4a296dd0
 _trainer_init = fastai_original(DistributedTrainer, '__init__')

@@ -104,13 +104,13 @@ def _module_of(f):
     if f.__module__ != '__main__': return f.__module__
     return Path(sys.modules['__main__'].__file__).stem
 
-def _torchrun_cmd(nproc, nnodes, port, node=0, elastic=False):
-    "torchrun for node `node`: a static master on one node, a c10d rendezvous on 127.0.0.1 for several, hosted by node 0"
+def _torchrun_cmd(nproc, nnodes, port, node=0, elastic=False, host='127.0.0.1'):
+    "torchrun for node `node`: a static master on one node, a c10d rendezvous on `host` for several, hosted by node 0"
     base = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc)]
-    if nnodes == 1: return base + ['--master_addr', '127.0.0.1', '--master_port', str(port)]
+    if nnodes == 1: return base + ['--master_addr', host, '--master_port', str(port)]
     conf = f"is_host={int(node == 0)}" + (",last_call_timeout=5" if elastic else '')
     return base + ['--nnodes', f"1:{nnodes}" if elastic else str(nnodes), *(['--max-restarts', '1'] if elastic else []),
-                   '--rdzv-backend', 'c10d', '--rdzv-endpoint', f"127.0.0.1:{port}", '--rdzv-id', str(port), '--rdzv-conf', conf]
+                   '--rdzv-backend', 'c10d', '--rdzv-endpoint', f"{host}:{port}", '--rdzv-id', str(port), '--rdzv-conf', conf]
 
 def torchrun_ranks(f, # a module-level function, run on every rank
                    *args, # its arguments (picklable)
@@ -122,12 +122,13 @@ def torchrun_ranks(f, # a module-level function, run on every rank
                    kill_when=None, # a function polled while the ranks run: when it returns True, SIGKILL them all
                    nnodes=1, # torchrun agents ("nodes") on this machine
                    node_prefix=None, # node index -> command to start that node's agent under (a mount namespace...)
+                   host='127.0.0.1', # node 0's address, as the other nodes reach it (its own, in a network namespace)
                    node_dies_when=None): # elastic (`--nnodes 1:N`): when it returns True, SIGKILL the last node; the others go on
     "Run `f(*args)` on `nproc*nnodes` ranks started by `torchrun`; one `Outcome` per rank (None if `kill_when` fired)"
     with tempfile.TemporaryDirectory() as outdir:
         call = Path(outdir, 'call.pickle'); call.write_bytes(pickle.dumps((_module_of(f), f.__qualname__, args, init)))
         port,left = free_port(),nnodes
-        cmd = lambda i: [*ifnone(launcher, _torchrun_cmd(nproc, nnodes, port, i, bool(node_dies_when))),
+        cmd = lambda i: [*ifnone(launcher, _torchrun_cmd(nproc, nnodes, port, i, bool(node_dies_when), host)),
                          '-m', 'ddp_safe_fastai.launch', str(call)]
         env = {**os.environ, 'PYTHONPATH': os.pathsep.join(sys.path), **(env or {}),
                **({'DDP_SAFE_LAUNCH_ELASTIC': '1'} if node_dies_when else {})}

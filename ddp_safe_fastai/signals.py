@@ -4,12 +4,12 @@
 
 # %% ../nbs/42_signals.ipynb #648a34ff
 from __future__ import annotations
-import os, math, time, select, signal, threading
+import os, math, time, select, signal, threading, subprocess
 from fastcore.basics import *
 from .core import *
 
 # %% auto #0
-__all__ = ['PREEMPTED', 'SignalWatch']
+__all__ = ['PREEMPTED', 'SignalWatch', 'slurm_job', 'requeue_slurm_job']
 
 # %% ../nbs/42_signals.ipynb #b83f39ac
 def _in_fit(frame):
@@ -77,3 +77,18 @@ class SignalWatch:
         rfd,self.rfd = self.rfd,None
         self.thread.join()
         os.close(rfd); os.close(self.wfd)
+
+# %% ../nbs/42_signals.ipynb #da0c5f6a
+def slurm_job():
+    "This SLURM job's id as `scontrol requeue` takes it (an array task's own), or None outside a SLURM job"
+    if os.environ.get('SLURM_ARRAY_TASK_ID'): return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
+    return os.environ.get('SLURM_JOB_ID')
+
+_scontrol_timeout = 30  # seconds: the controller answers at once, or is down
+
+def requeue_slurm_job(job):
+    "Ask SLURM to run `job` again from the start of its script: None, or why it did not"
+    try: p = subprocess.run(['scontrol', 'requeue', job], capture_output=True, text=True, timeout=_scontrol_timeout)
+    except FileNotFoundError: return "scontrol is not on this task's PATH (a container?)"
+    except subprocess.TimeoutExpired: return f"scontrol requeue did not answer within {_scontrol_timeout}s"
+    return None if p.returncode == 0 else ' '.join((p.stderr or p.stdout).split()) or f"scontrol exited with {p.returncode}"

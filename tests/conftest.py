@@ -37,3 +37,44 @@ def own_disks(tmp_path, nnodes=2):
     for d in (mnt, *disks): d.mkdir()
     mount = 'mount --make-rprivate / && mount --bind "$0" "$1" && shift && exec "$@"'
     return mnt, disks, lambda i: ['unshare', '-m', 'sh', '-c', mount, str(disks[i]), str(mnt)]
+
+def _can_make_netns():
+    "Can this process make network namespaces (root, `ip`)?"
+    import shutil
+    return shutil.which('ip') is not None and _can_mount() and subprocess.run(
+        ['unshare', '-n', 'true'], capture_output=True).returncode == 0
+
+needs_netns = pytest.mark.skipif(not _can_make_netns(), reason="needs network namespaces (root, iproute2): each "
+                                 "simulated host has an address of its own")
+
+@pytest.fixture
+def hosts_apart(tmp_path):
+    """Two hosts that share neither a disk nor an address: each node's torchrun agent starts in a network namespace of
+    its own (`10.231.N.1` and `.2`, joined by a veth pair), with a host name of its own (`node0`, `node1`: a UTS
+    namespace, and an /etc/hosts naming both) and its own disk mounted at one path (a mount namespace). Only the
+    namespaces' processes talk to those addresses; everything is removed afterwards. Gives
+    (checkpoint path, disks, node_prefix, node 0's address, the environment gloo needs)"""
+    import secrets
+    tag = secrets.token_hex(3)
+    net = f"10.231.{int(tag[:2], 16)}"
+    ns = [f"ddpsafe{tag}n{i}" for i in range(2)]
+    mnt, disks = tmp_path/'ckpt', [tmp_path/f'disk{i}' for i in range(2)]
+    for d in (mnt, *disks): d.mkdir()
+    hosts = tmp_path/'hosts'
+    hosts.write_text(f"127.0.0.1 localhost\n{net}.1 node0\n{net}.2 node1\n")
+    run = lambda *c: subprocess.run(c, check=True, capture_output=True)
+    try:
+        for n in ns: run('ip', 'netns', 'add', n)
+        run('ip', 'link', 'add', f"v{tag}a", 'type', 'veth', 'peer', 'name', f"v{tag}b")
+        for i,(n,v) in enumerate(zip(ns, 'ab')):
+            run('ip', 'link', 'set', f"v{tag}{v}", 'netns', n)
+            run('ip', '-n', n, 'link', 'set', f"v{tag}{v}", 'name', 'eth0')
+            run('ip', '-n', n, 'addr', 'add', f"{net}.{i+1}/24", 'dev', 'eth0')
+            for dev in ('eth0', 'lo'): run('ip', '-n', n, 'link', 'set', dev, 'up')
+        setup = ('hostname "$0" && mount --make-rprivate / && mount --bind "$1" /etc/hosts && mount --bind "$2" "$3" '
+                 '&& shift 3 && exec "$@"')
+        prefix = lambda i: ['ip', 'netns', 'exec', ns[i], 'unshare', '-mu', 'sh', '-c', setup, f"node{i}", str(hosts),
+                            str(disks[i]), str(mnt)]
+        yield mnt, disks, prefix, f"{net}.1", {'GLOO_SOCKET_IFNAME': 'eth0'}
+    finally:
+        for n in ns: subprocess.run(['ip', 'netns', 'del', n], capture_output=True)  # its end of the veth pair goes too

@@ -528,3 +528,9 @@ def any_world_fit(root, run='first', every_iters=None, stop_at=None, n=96, wait=
     h = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
     return dict(sha=h, resumed_from=ckpt.resumed_from, world=num_distrib() or 1, epochs=len(learn.recorder.values),
                 values=[list(map(float, v)) for v in learn.recorder.values], pct_train=learn.pct_train)
+
+def check_here(path):
+    "What `ddp-safe-check dir` reports of `path`, on rank 0 (None elsewhere); with this rank's node"
+    from ddp_safe_fastai.check import check_dir
+    rep = check_dir(path)
+    return dict(node=node_rank_distrib(), shared=rep and rep['shared'])

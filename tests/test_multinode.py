@@ -1,20 +1,23 @@
-"""Issue 4: two torchrun agents on this machine (c10d rendezvous on 127.0.0.1), one rank each, each "node" with its
-own disk mounted at the same path in its own mount namespace"""
+"""Nodes: two torchrun agents on this machine, one rank each, each "node" with its own disk mounted at the same path in
+its own mount namespace; either on one address (a c10d rendezvous on 127.0.0.1), or as hosts that share neither a disk
+nor an address (each agent in a network namespace of its own, with its own address and host name)"""
 import pytest
-import scenarios as s
-from conftest import values, own_disks, needs_mounts
+import scenarios as s, writer_scenarios as w
+from conftest import values, own_disks, needs_mounts, needs_netns
 from ddp_safe_fastai.launch import torchrun_ranks
 
 pytestmark = needs_mounts
 
-@pytest.fixture
-def nodes(tmp_path):
+@pytest.fixture(params=['one address', pytest.param('hosts apart', marks=needs_netns)])
+def nodes(request, tmp_path):
     "Run a scenario on the 2 nodes, with the checkpoint path as first argument; also gives each node's disk"
-    mnt, disks, prefix = own_disks(tmp_path)
-    def run(f, *args, init=True, env=None):
-        res = values(torchrun_ranks(f, str(mnt), *args, nproc=1, nnodes=2, node_prefix=prefix, init=init,
-                                    timeout=240, env=env))
+    if request.param == 'one address': (mnt, disks, prefix),host,gloo = own_disks(tmp_path),'127.0.0.1',{}
+    else: mnt, disks, prefix, host, gloo = request.getfixturevalue('hosts_apart')
+    def run(f, *args, init=True, env=None, path=mnt):
+        res = values(torchrun_ranks(f, str(path), *args, nproc=1, nnodes=2, node_prefix=prefix, init=init, host=host,
+                                    timeout=240, env={**gloo, **(env or {})}))
         return {r['node']: r for r in res}
+    run.shared = mnt.parent/'shared'  # the same directory on both nodes: not under either node's mount
     return run, disks
 
 def _listing(disk, sub): return sorted(p.name for p in (disk/sub).iterdir()) if (disk/sub).exists() else []
@@ -28,6 +31,9 @@ def test_one_copy_in_all_or_one_per_node(nodes):
     assert res[0]['g'] == res[1]['g'] == 10.        # node 1 got rank 0's bytes through the process group
     assert {res[0]['n'], res[1]['n']} == {10., 11.}  # each node read its own copy
 
+one_address = pytest.mark.parametrize('nodes', ['one address'], indirect=True)  # the same code on hosts apart: once is enough
+
+@one_address
 def test_without_sending_every_rank_names_the_node(nodes):
     run, _ = nodes
     res = run(s.node_save_load, env={'DDP_SAFE_BROADCAST_FILES': '0'})
@@ -41,6 +47,7 @@ def test_node_scope_on_a_shared_disk(tmp_path):
     assert [r['files'] for r in res] == [['n.pth'], ['n.pth']]
     assert res[0]['value'] == res[1]['value'] in (0., 1.)
 
+@one_address
 @pytest.mark.parametrize('scope', ['global', 'node'])
 def test_resume_on_both_nodes(nodes, scope):
     run, disks = nodes
@@ -51,3 +58,20 @@ def test_resume_on_both_nodes(nodes, scope):
     full = ['epoch_0002', 'epoch_0003', 'epoch_0004', 'latest']
     assert sorted([_listing(disks[0], 'models/ckpt'), _listing(disks[1], 'models/ckpt')]) == \
            ([[], full] if scope == 'global' else [full, full])
+
+def test_tokenizer_cache_once_per_node(nodes):
+    "Each node's own copy of the texts is tokenized once, on its own disk; both nodes build one vocabulary"
+    run, disks = nodes
+    for i,d in enumerate(disks): w.make_texts(d/'txt', reverse=bool(i))  # another order on each disk
+    for trial in range(2):  # made once per node, then read from each node's cache
+        res = run(w.node_text_from_folder)
+        assert res[0]['vocab'] == res[1]['vocab']
+        assert [res[0]['tokenized'], res[1]['tokenized']] == ([1, 1] if trial == 0 else [0, 0]), res
+    assert all((d/'txt_tok'/'counter.pkl').exists() for d in disks)
+
+def test_check_dir_sees_the_disks(nodes):
+    "`ddp-safe-check dir`: each node's own disk is not shared; a directory both nodes see is"
+    run, _ = nodes
+    run.shared.mkdir()
+    assert run(s.check_here)[0]['shared'] is False
+    assert run(s.check_here, path=run.shared)[0]['shared'] is True

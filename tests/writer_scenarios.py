@@ -142,3 +142,7 @@ def tensorboard_logs(root):
     learn = mlp_learner(root)
     with learn.distrib_ctx(): learn.fit(2, 1e-2, cbs=TensorBoardCallback(Path(root)/'tb', trace_model=False, log_preds=False))
     return len(list((Path(root)/'tb').glob('events.out.tfevents.*')))
+
+def node_text_from_folder(root):
+    "`text_from_folder` of ROOT/txt, this node's own copy of the texts; with the node's index"
+    return dict(node=node_rank_distrib(), **text_from_folder(Path(root)/'txt'))

@@ -27,5 +27,10 @@ command -v "${CHROMIUM:-chromium}" || { apt-get update -qq && apt-get install -y
 .venv-dev/bin/python tools/browser_check.py
 echo "== dev: fastai 2.8.7 pinned: drop-in behaviour, the table of changes, the census of writers"
 (cd tests && ../.venv-dev/bin/python -m pytest "${pytest_args[@]}" test_dropin.py test_fastai_changes.py)
+echo "== SLURM: a one-node cluster for the tests of srun and requeue (stopped and removed whatever the outcome)"
+slurm_dir=$(mktemp -d /tmp/ddp_safe_slurm.XXXXXX)
+trap 'tools/slurm.sh stop "$slurm_dir"' EXIT
+tools/slurm.sh start "$slurm_dir"
+export SLURM_CONF=$slurm_dir/slurm.conf
 echo "== latest: behavioural tests"
 (cd tests && ../.venv-latest/bin/python -m pytest "${pytest_args[@]}")

@@ -1,0 +1,111 @@
+"""SLURM as a launcher: ranks started by `srun` train as one DDP run, and a job that is signalled or preempted
+checkpoints, requeues itself and resumes, ending bit for bit as the uninterrupted job. Real jobs on the one-node
+cluster that `tools/slurm.sh` starts (SLURM_CONF names it)"""
+import os, re, sys, json, time, subprocess
+from pathlib import Path
+import pytest
+from ddp_safe_fastai.launch import free_port
+
+HERE = Path(__file__).parent
+pytestmark = pytest.mark.skipif(not os.environ.get('SLURM_CONF'), reason="needs the SLURM cluster of `tools/slurm.sh start DIR` "
+                                "(SLURM_CONF=DIR/slurm.conf); tools/test.sh starts it")
+
+TORCHRUN = f"{sys.executable} -m torch.distributed.run --nproc_per_node 2 --master_addr 127.0.0.1 --master_port {{port}}"
+
+def submit(root, tasks=2, delay=0.0, partition='main', torchrun=None):
+    "Submit the training script as a batch job: `srun` starts `tasks` ranks, or one `torchrun` (its options given) that starts 2"
+    root.mkdir(parents=True, exist_ok=True)
+    script = root/'job.sh'
+    start = f"--ntasks=1 --cpus-per-task=2 {TORCHRUN.format(port=free_port())} {torchrun}" if torchrun is not None else sys.executable
+    script.write_text(f"""#!/bin/bash
+#SBATCH --ntasks={1 if torchrun is not None else tasks} --cpus-per-task={2 if torchrun is not None else 1}
+#SBATCH --partition={partition} --requeue --open-mode=append --output={root}/job.out
+export DDP_SAFE_TIMEOUT=60 OMP_NUM_THREADS=1
+srun {start} {HERE/'slurm_train.py'} {root} {delay}
+""")
+    out = subprocess.run(['sbatch', '--parsable', str(script)], capture_output=True, text=True, check=True).stdout
+    return out.strip().split(';')[0]
+
+def job(jobid):
+    "The job's fields as `scontrol show job` gives them (a finished job stays listed for `MinJobAge`)"
+    out = subprocess.run(['scontrol', 'show', 'job', jobid], capture_output=True, text=True).stdout
+    return dict(re.findall(r'(\w+)=(\S*)', out))
+
+def wait_until(cond, timeout, what):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if (v := cond()): return v
+        time.sleep(0.2)
+    raise AssertionError(f"{what}: not within {timeout}s")
+
+def finished(jobid, root, timeout=240):
+    "Wait for the job to end; its state, and every rank's report"
+    def ended():
+        j = job(jobid)
+        return j if j.get('JobState') in ('COMPLETED', 'FAILED', 'CANCELLED', 'TIMEOUT', 'NODE_FAIL', 'OUT_OF_MEMORY') else None
+    try: j = wait_until(ended, timeout, f"job {jobid}")
+    except AssertionError:
+        subprocess.run(['scancel', jobid])
+        raise AssertionError(f"job {jobid} did not end within {timeout}s; ranks that trained: "
+                             f"{sorted(p.name for p in root.glob('batches.*'))}\n{(root/'job.out').read_text()[-3000:]}")
+    reports = [json.loads(p.read_text()) for p in sorted(root.glob('rank*.json'))]
+    return j, reports
+
+def trained(root, n):
+    "Has every rank trained at least `n` batches?"
+    got = [int(p.read_text() or 0) for p in root.glob('batches.*')]
+    return len(got) == 2 and min(got) >= n
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+    "The job run without a signal: the weights every other job must end with"
+    root = tmp_path_factory.mktemp('uninterrupted')
+    j,reports = finished(submit(root), root)
+    assert j['JobState'] == 'COMPLETED', (root/'job.out').read_text()[-3000:]
+    return root,reports
+
+def test_srun_is_a_launcher(uninterrupted):
+    "`srun` of 2 tasks, no torchrun: one run of 2 ranks, identical weights, one copy of each file"
+    root,reports = uninterrupted
+    assert [r['world'] for r in reports] == [2, 2] and [r['rank'] for r in reports] == [0, 1]
+    assert reports[0]['weights'] == reports[1]['weights']
+    ckpts = sorted(p.name for p in (root/'models'/'ckpt').iterdir())
+    assert ckpts == ['epoch_0003', 'epoch_0004', 'latest'], ckpts
+    assert not list(root.rglob('*.tmp*')), list(root.rglob('*.tmp*'))
+
+def requeued_run(root, uninterrupted, signal_job, **kwargs):
+    "A job signalled while it trains: it checkpoints, requeues, runs again and ends as the uninterrupted one"
+    jobid = submit(root, delay=0.3, **kwargs)
+    wait_until(lambda: trained(root, 7), 120, f"job {jobid} training")
+    t = time.monotonic()
+    signal_job(jobid)
+    wait_until(lambda: int(job(jobid).get('Restarts', 0)) >= 1 and job(jobid).get('JobState') == 'RUNNING', 120, f"job {jobid} requeued")
+    again = time.monotonic() - t
+    j,reports = finished(jobid, root)
+    log = (root/'job.out').read_text()
+    assert j['JobState'] == 'COMPLETED' and int(j['Restarts']) == 1, log[-3000:]
+    assert 'requeued: it resumes from this checkpoint' in log and 'resumed from' in log, log[-3000:]
+    assert [r['restarts'] for r in reports] == [1, 1]
+    assert reports[0]['weights'] == reports[1]['weights'] == uninterrupted[1][0]['weights']  # bit for bit
+    return again
+
+def test_usr1_requeues(uninterrupted, tmp_path):
+    "`scancel --signal=USR1 JOB`, as `--signal=USR1@90` sends it before the time limit"
+    again = requeued_run(tmp_path, uninterrupted, lambda j: subprocess.run(['scancel', '--signal=USR1', j], check=True))
+    print(f"signal to running again: {again:.1f}s")
+
+def test_preemption_requeues(uninterrupted, tmp_path):
+    "A job of a higher partition takes the node: the tasks get SIGTERM, checkpoint and requeue, and resume after it"
+    urgent = []
+    def preempt(j):
+        (tmp_path/'urgent').mkdir()
+        script = tmp_path/'urgent'/'job.sh'
+        script.write_text(f"#!/bin/bash\n#SBATCH --ntasks=2 --partition=urgent --output={tmp_path}/urgent/job.out\nsleep 1\n")
+        urgent.append(subprocess.run(['sbatch', '--parsable', str(script)], capture_output=True, text=True, check=True).stdout.strip())
+    requeued_run(tmp_path, uninterrupted, preempt)
+    assert job(urgent[0]).get('JobState') == 'COMPLETED'
+
+def test_srun_torchrun_requeues(uninterrupted, tmp_path):
+    "`srun torchrun`, one task running torchrun's 2 ranks: SIGUSR1 to the step, which torchrun forwards to its ranks"
+    requeued_run(tmp_path, uninterrupted, lambda j: subprocess.run(['scancel', '--signal=USR1', j], check=True),
+                 torchrun='--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1')
