@@ -11,6 +11,7 @@ start)
   command -v slurmctld >/dev/null && command -v munged >/dev/null || {
     $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; }
   mkdir -p "$dir"/{state,spool,munge}
+  chmod 755 "$dir"  # munged runs as user munge: it must reach its socket and log under DIR (mktemp makes DIR 700)
   $sudo chown munge:munge "$dir/munge"
   $sudo test -s /etc/munge/munge.key || { $sudo dd if=/dev/urandom of=/etc/munge/munge.key bs=1024 count=1 2>/dev/null
     $sudo chown munge:munge /etc/munge/munge.key; $sudo chmod 400 /etc/munge/munge.key; }
