@@ -29,7 +29,7 @@ def holds_rank0s(r0, r1, keys=('loaded', 'exported')):
     assert r0['mine'] != r1['mine']
     for k in keys: assert r0[k] == r1[k] == r0['mine'], (k, r0, r1)
 
-TWICE = ['image_classification', 'tabular']  # run again in the same folder, where the last run's files are
+TWICE = ['tabular']  # run again in the same folder, where the last run's files are (the fastest cell)
 
 @pytest.mark.parametrize('app', APPS)
 def test_notebook_cell(app, tmp_path):
@@ -56,16 +56,16 @@ def accelerate_cmd():
 
 @pytest.mark.parametrize('launcher', ['torchrun', 'accelerate'])
 def test_before_any_group(launcher, tmp_path):
-    "Saves and loads before anything made a process group, a DDP fit, saves after it; then the same again in the folder"
+    "Saves and loads before anything made a process group, a DDP fit, saves after it; under torchrun, again in the folder"
     runs = []
-    for seed in (1, 2):
+    for seed in ((1, 2) if launcher == 'torchrun' else (1,)):  # again in the same folder: one launcher is enough
         launch = accelerate_cmd() if launcher == 'accelerate' else None
         r0,r1 = values(torchrun_ranks(g.before_and_after, str(tmp_path), seed, init=False, launcher=launch, timeout=240))
         assert not r0['before']['group'] and not r1['before']['group']
         for k in ('before', 'after'): checks(r0[k], r1[k], fresh=seed == 1)
         assert r0['before']['encoder'] == r1['before']['encoder'] and r0['before']['mine_encoder'] != r1['before']['mine_encoder']
         runs.append((r0, r1))
-    assert runs[1][1]['before']['loaded'] != runs[0][1]['before']['loaded']
+    if len(runs) > 1: assert runs[1][1]['before']['loaded'] != runs[0][1]['before']['loaded']
 
 def test_after_user_ends_group(tmp_path):
     "Under `mp.spawn`: a DDP fit, `destroy_process_group()`, then saves and loads; then the same again in the folder"

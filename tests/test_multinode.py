@@ -59,6 +59,9 @@ def test_resume_on_both_nodes(nodes, scope):
     assert sorted([_listing(disks[0], 'models/ckpt'), _listing(disks[1], 'models/ckpt')]) == \
            ([[], full] if scope == 'global' else [full, full])
 
+hosts_apart = pytest.mark.parametrize('nodes', [pytest.param('hosts apart', marks=needs_netns)], indirect=True)
+
+@hosts_apart
 def test_tokenizer_cache_once_per_node(nodes):
     "Each node's own copy of the texts is tokenized once, on its own disk; both nodes build one vocabulary"
     run, disks = nodes
@@ -69,6 +72,7 @@ def test_tokenizer_cache_once_per_node(nodes):
         assert [res[0]['tokenized'], res[1]['tokenized']] == ([1, 1] if trial == 0 else [0, 0]), res
     assert all((d/'txt_tok'/'counter.pkl').exists() for d in disks)
 
+@hosts_apart
 def test_check_dir_sees_the_disks(nodes):
     "`ddp-safe-check dir`: each node's own disk is not shared; a directory both nodes see is"
     run, _ = nodes
