@@ -4,7 +4,7 @@
 rank: save and load it, export it and `load_learner` the export.
 
     python fastai_examples.py APP ROOT PORT SEED   # one notebook cell: APP in `APPS`"""
-import sys, json, time, hashlib
+import sys, json, time
 from pathlib import Path
 import numpy as np, pandas as pd
 from PIL import Image
@@ -14,16 +14,11 @@ from fastai.tabular.all import *
 from fastai.collab import *
 from fastai.distributed import *
 from ddp_safe_fastai.all import *
-
-def digest(model):
-    "A short hash of `model`'s weights"
-    return hashlib.sha1(b''.join(v.detach().cpu().numpy().tobytes() for v in model.state_dict().values())).hexdigest()[:16]
+from group_lifetime import digest, own_weights
 
 def after_training(learn, tag='final'):
     "What a user does next with the trained model, on every rank; a rank's own weights first made unlike the others'"
-    with torch.no_grad():
-        for p in learn.model.parameters(): p.add_(rank_distrib())  # rank 0's stay as trained
-    mine = digest(learn.model)
+    mine = own_weights(learn)
     if rank_distrib() == 0: time.sleep(0.5)  # rank 0 late, as a rank that logs or evaluates first is
     learn.save(tag); learn.load(tag)
     loaded = digest(learn.model)
