@@ -1,6 +1,7 @@
 "Multi-process tests start real ranks the two ways users do: `torchrun`, and `torch.multiprocessing.spawn` with no launcher environment"
-import os, importlib, subprocess, pytest
-from ddp_safe_fastai.launch import spawn_ranks, torchrun_ranks
+import os, sys, shutil, importlib, subprocess, pytest
+from pathlib import Path
+from ddp_safe_fastai.launch import spawn_ranks, torchrun_ranks, free_port
 
 os.environ.setdefault('DDP_SAFE_TIMEOUT', '60')  # a stuck meeting fails a test within a minute, naming the ranks
 
@@ -12,6 +13,11 @@ def launch(request):
         return torchrun_ranks(f, *args, nproc=nproc, timeout=timeout, init=init, env=env)
     run.name = request.param
     return run
+
+def accelerate_cmd():
+    "`accelerate launch` of 2 CPU processes on this machine, on a free port"
+    return [shutil.which('accelerate', path=str(Path(sys.executable).parent)), 'launch', '--multi_gpu', '--num_processes', '2',
+            '--num_machines', '1', '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port())]
 
 def values(outcomes):
     "The value of every rank, failing with every rank's error if any rank raised"

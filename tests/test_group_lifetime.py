@@ -1,11 +1,11 @@
 """Saves and loads where there is no process group: before any exists (a launcher started the ranks, nobody made one
 yet) and after fastai's notebook flow or the user ended it. Every rank must end with rank 0's weights, and a rerun in
 the same folder must never load the previous run's files"""
-import sys, json, shutil, subprocess
+import sys, json, subprocess
 from pathlib import Path
 import pytest
 import group_lifetime as g, fastai_examples as fe
-from conftest import values, torchvision_imports
+from conftest import values, accelerate_cmd, torchvision_imports
 from ddp_safe_fastai.launch import torchrun_ranks, spawn_ranks, free_port, kill_tree
 
 HERE = Path(__file__).parent
@@ -49,10 +49,6 @@ def checks(r0, r1, fresh):
     assert r0['best'] == r1['best']  # SafeSaveModelCallback's reload gives every rank rank 0's best model
     # CSVLogger: rank 0 writes, every rank reads it; in the folder of a finished run, CheckpointCallback resumes its end
     assert r0['log'] == r1['log'] and len(r0['log']) == int(fresh)
-
-def accelerate_cmd():
-    return [shutil.which('accelerate', path=str(Path(sys.executable).parent)), 'launch', '--multi_gpu', '--num_processes', '2',
-            '--num_machines', '1', '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port())]
 
 @pytest.mark.parametrize('launcher', ['torchrun', 'accelerate'])
 def test_before_any_group(launcher, tmp_path):

@@ -1,14 +1,10 @@
 "Issue 21: fastai's everyday writers under DDP (lr_find, CSVLogger, get_preds' files, tokenizer caches), on 2 CPU ranks"
-import sys, json, time, shutil, importlib, subprocess
+import sys, json, time, importlib, subprocess
 from pathlib import Path
 import pytest
 import writer_scenarios as w
-from conftest import values, needs_mounts, own_disks, torchvision_imports
+from conftest import values, accelerate_cmd, needs_mounts, own_disks, torchvision_imports
 from ddp_safe_fastai.launch import torchrun_ranks, spawn_ranks, free_port
-
-def accelerate_cmd():
-    return [shutil.which('accelerate', path=str(Path(sys.executable).parent)), 'launch', '--multi_gpu', '--num_processes', '2',
-            '--num_machines', '1', '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port())]
 
 @pytest.fixture(params=['torchrun', 'accelerate', 'spawn'])
 def run(request):
