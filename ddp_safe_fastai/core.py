@@ -13,10 +13,10 @@ import torch, torch.distributed as dist
 __all__ = ['run_group', 'CheckpointError', 'CheckpointNotFoundError', 'DistributedTimeoutError', 'StoreUnreachableError',
            'RendezvousError', 'RunGroup', 'group_ready', 'slurm_step', 'launched_world', 'rank_distrib', 'num_distrib',
            'Topology', 'topology', 'node_rank_distrib', 'local_rank_distrib', 'check_scope', 'is_main_process',
-           'rank_device', 'distrib_timeout', 'group_store', 'store_outlives_ranks', 'restart_attempt', 'run_prefix',
-           'first_host', 'slurm_master', 'share_launch_env', 'join_launched_group', 'meet', 'store_reachable',
-           'exchange', 'distrib_barrier', 'broadcast_object', 'sync_point', 'FileMissing', 'error_for',
-           'raise_failures', 'describe', 'local_io', 'main_process_first']
+           'rank_device', 'distrib_timeout', 'store_outlives_ranks', 'restart_attempt', 'run_prefix',
+           'launcher_may_die_first', 'group_store', 'first_host', 'slurm_master', 'share_launch_env',
+           'join_launched_group', 'meet', 'store_reachable', 'exchange', 'distrib_barrier', 'broadcast_object',
+           'sync_point', 'FileMissing', 'error_for', 'raise_failures', 'describe', 'local_io', 'main_process_first']
 
 # %% ../nbs/00_core.ipynb #2b32a525
 class CheckpointError(RuntimeError):
@@ -48,13 +48,16 @@ def _base_store(store):
 
 class RunGroup:
     "The process group this process last met through: its rank, its size and its store, kept after the group ends"
-    def __init__(self): self.key,self.rank,self.size,self.store,self.formed = None,0,0,None,0
+    def __init__(self):
+        self.key,self.rank,self.size,self.store,self.formed,self.seen = None,0,0,None,0,0
+        self.own_store,self.lock = None,threading.Lock()
     def note(self):
         "Remember the process group initialised now (once per group)"
         pg = dist.distributed_c10d._get_default_group()
         if id(pg) == self.key: return
         self.key,self.rank,self.size = id(pg),dist.get_rank(),dist.get_world_size()
         self.store = _base_store(dist.distributed_c10d._get_default_store())
+        self.seen,self.own_store = self.seen+1,None  # `seen`: the same count on every rank, which names the group
     @property
     def several(self):
         "Was this process one of several in its last group?"
@@ -154,10 +157,6 @@ def distrib_timeout(timeout=None):
         raise ValueError(f"{given}: a timeout is a number of seconds, more than 0 and at most {_max_timeout:.0e}")
     return t
 
-def group_store():
-    "The store of the default process group, which every rank reaches: meetings and saves' outcomes go through it"
-    return dist.distributed_c10d._get_default_store()
-
 def store_outlives_ranks(store):
     "Is `store` hosted outside the ranks' processes (by torchrun's agent, as `accelerate launch` also has it)?"
     if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') != 'True': return False
@@ -174,6 +173,39 @@ def run_prefix():
 
 _meetings = {}  # name -> how many meetings of that name this process has been to
 _meetings_entered = 0  # meetings of any name: with the process group's collectives, where this process is in the run
+
+# %% ../nbs/00_core.ipynb #7bf7c3f7
+def launcher_may_die_first(store):
+    "Is `store` hosted by a launcher's agent that SLURM signals with the ranks (`srun torchrun`)?"
+    return 'SLURM_JOB_ID' in os.environ and store_outlives_ranks(store)
+
+def _address_toward(host, port):
+    "This host's address on its route to `host`: where the processes that reach `host` reach this one"
+    family,_,_,_,addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(addr) # a datagram socket sends nothing to connect: it only picks the route
+        return s.getsockname()[0]
+
+def _store_in_rank0(agent_store, key, timeout):
+    "A store that rank 0's process hosts, its address published under `key` in `agent_store`; a client of it elsewhere"
+    t = timedelta(seconds=timeout)
+    if run_group.rank == 0:
+        host = _address_toward(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']))
+        store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=t)
+        agent_store.set(key, f"{host} {store.port}")
+        return store
+    with _waiting_up_to(agent_store, timeout): host,port = agent_store.get(key).decode().split()
+    return dist.TCPStore(host, int(port), is_master=False, timeout=t)
+
+def group_store():
+    "The store every rank of the process group reaches: meetings and saves' outcomes go through it"
+    store = dist.distributed_c10d._get_default_store()
+    if not launcher_may_die_first(store): return store
+    run_group.note()
+    with run_group.lock:
+        if run_group.own_store is None:
+            run_group.own_store = _store_in_rank0(store, f"{run_prefix()}/own_store/{run_group.seen}", distrib_timeout())
+    return run_group.own_store
 
 # %% ../nbs/00_core.ipynb #5d4e1d12
 _connect_timeout = 30  # seconds: a launcher's store that is up answers at once; one that is gone never does

@@ -96,7 +96,8 @@ def _publish_at_exit():
     # the watcher stops first: a thread still in the store's C++ code when the interpreter ends aborts the process
     _exiting.set()
     if _watcher is not None: _watcher.join(10)
-    with suppress(Exception): _publish(group_store(), _take_left(_current_group(), everything=True))
+    with suppress(Exception):
+        if (left := _take_left(_current_group(), everything=True)): _publish(group_store(), left)
     end = time.monotonic() + 60  # a reader that died does not hold the exit longer
     for store,key in _published:
         with suppress(Exception):

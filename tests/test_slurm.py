@@ -12,11 +12,13 @@ pytestmark = pytest.mark.skipif(not os.environ.get('SLURM_CONF'), reason="needs 
 
 TORCHRUN = f"{sys.executable} -m torch.distributed.run --nproc_per_node 2 --master_addr 127.0.0.1 --master_port {{port}}"
 
-def submit(root, tasks=2, delay=0.0, partition='main', torchrun=None):
-    "Submit the training script as a batch job: `srun` starts `tasks` ranks, or one `torchrun` (its options given) that starts 2"
+def submit(root, tasks=2, delay=0.0, partition='main', torchrun=None, tasks_requeued=None):
+    """Submit the training script as a batch job: `srun` starts `tasks` ranks (`tasks_requeued` once the job is requeued),
+    or one `torchrun` (its options given) that starts 2"""
     root.mkdir(parents=True, exist_ok=True)
     script = root/'job.sh'
-    start = f"--ntasks=1 --cpus-per-task=2 {TORCHRUN.format(port=free_port())} {torchrun}" if torchrun is not None else sys.executable
+    ntasks = f'--ntasks=$([ "${{SLURM_RESTART_COUNT:-0}}" -ge 1 ] && echo {tasks_requeued} || echo {tasks}) ' if tasks_requeued else ''
+    start = f"--ntasks=1 --cpus-per-task=2 {TORCHRUN.format(port=free_port())} {torchrun}" if torchrun is not None else ntasks + sys.executable
     script.write_text(f"""#!/bin/bash
 #SBATCH --ntasks={1 if torchrun is not None else tasks} --cpus-per-task={2 if torchrun is not None else 1}
 #SBATCH --partition={partition} --requeue --open-mode=append --output={root}/job.out
@@ -73,8 +75,9 @@ def test_srun_is_a_launcher(uninterrupted):
     assert ckpts == ['epoch_0003', 'epoch_0004', 'latest'], ckpts
     assert not list(root.rglob('*.tmp*')), list(root.rglob('*.tmp*'))
 
-def requeued_run(root, uninterrupted, signal_job, **kwargs):
-    "A job signalled while it trains: it checkpoints, requeues, runs again and ends as the uninterrupted one"
+def requeued_job(root, signal_job, **kwargs):
+    """A job signalled while it trains, which checkpoints, requeues and runs again: the seconds from the signal to the
+    job running again, the reports at its end, and its output"""
     jobid = submit(root, delay=0.3, **kwargs)
     wait_until(lambda: trained(root, 7), 120, f"job {jobid} training")
     t = time.monotonic()
@@ -85,6 +88,11 @@ def requeued_run(root, uninterrupted, signal_job, **kwargs):
     log = (root/'job.out').read_text()
     assert j['JobState'] == 'COMPLETED' and int(j['Restarts']) == 1, log[-3000:]
     assert 'requeued: it resumes from this checkpoint' in log and 'resumed from' in log, log[-3000:]
+    return again,reports,log
+
+def requeued_run(root, uninterrupted, signal_job, **kwargs):
+    "A job signalled while it trains: it checkpoints, requeues, runs again and ends as the uninterrupted one"
+    again,reports,log = requeued_job(root, signal_job, **kwargs)
     assert [r['restarts'] for r in reports] == [1, 1]
     assert reports[0]['weights'] == reports[1]['weights'] == uninterrupted[1][0]['weights']  # bit for bit
     return again
@@ -105,7 +113,21 @@ def test_preemption_requeues(uninterrupted, tmp_path):
     requeued_run(tmp_path, uninterrupted, preempt)
     assert job(urgent[0]).get('JobState') == 'COMPLETED'
 
-def test_srun_torchrun_requeues(uninterrupted, tmp_path):
-    "`srun torchrun`, one task running torchrun's 2 ranks: SIGUSR1 to the step, which torchrun forwards to its ranks"
-    requeued_run(tmp_path, uninterrupted, lambda j: subprocess.run(['scancel', '--signal=USR1', j], check=True),
-                 torchrun='--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1')
+@pytest.mark.parametrize('signals', ['default', 'SIGUSR1 handled'])
+def test_srun_torchrun_requeues(uninterrupted, tmp_path, signals):
+    """`srun torchrun`, one task running torchrun's 2 ranks, SIGUSR1 to the step: by default torchrun dies of it, its store
+    with it, and the ranks stop through a store of their own; with `--signals-to-handle` it forwards it to its ranks"""
+    handle = '--signals-to-handle SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1' if signals != 'default' else ''
+    requeued_run(tmp_path, uninterrupted, lambda j: subprocess.run(['scancel', '--signal=USR1', j], check=True), torchrun=handle)
+
+def test_requeued_on_fewer_tasks(uninterrupted, tmp_path):
+    "A job requeued with 1 task where it had 2 (its script asks for fewer): the one process resumes the 2 ranks' checkpoint"
+    _,reports,log = requeued_job(tmp_path, lambda j: subprocess.run(['scancel', '--signal=USR1', j], check=True), tasks_requeued=1)
+    stopped = re.search(r'every rank stopped after batch (\d+) of epoch (\d+)', log)
+    assert stopped and f"epoch {stopped[2]} of 4, batch {stopped[1]}" in log, log[-3000:]  # resumed where it stopped
+    assert 'was saved on 2 rank(s), this run has 1' in log, log[-3000:]
+    assert [(r['rank'], r['world'], r['restarts']) for r in reports] == [(0, 0, 1)], reports
+    ckpts = sorted(p.name for p in (tmp_path/'models'/'ckpt').iterdir())
+    resumed = f"epoch_{int(stopped[2]):04d}_iter_{int(stopped[1]):06d}"  # kept through the fit that resumed from it
+    assert ckpts == sorted([resumed, 'epoch_0003', 'epoch_0004', 'latest']), ckpts
+
