@@ -4,7 +4,7 @@
 
 # %% ../nbs/43_checkpoint.ipynb #b0a19e44
 from __future__ import annotations
-import signal, threading
+import time, signal, itertools, threading
 from functools import partial
 from pathlib import Path
 from fastcore.basics import *
@@ -20,7 +20,32 @@ with fastai_defaults_kept():
     from fastai.callback.tracker import EarlyStoppingCallback
 
 # %% auto #0
-__all__ = ['CheckpointCallback']
+__all__ = ['ClockDecision', 'CheckpointCallback']
+
+# %% ../nbs/43_checkpoint.ipynb #11a0dae3
+class ClockDecision:
+    "A checkpoint every `minutes` of wall-clock time: decided by the main process before a batch, after which every rank saves"
+    made = itertools.count()  # every rank makes its decisions in the same order: the count names each one's keys
+    def __init__(self, minutes):
+        self.minutes,self.key,self.n,self.at = minutes,f"{run_prefix()}/clock/{next(self.made)}",0,None
+        self.several = join_launched_group(what='CheckpointCallback every_minutes') and num_distrib() > 1
+        self.restart()
+    def restart(self):
+        "Count the interval from now (a checkpoint was written)"
+        self.start = time.monotonic()
+    def before_batch(self, train_iter):
+        "On the main process: if the interval has passed, the checkpoint is after this batch; published for the others"
+        if rank_distrib() != 0 or self.at is not None or time.monotonic() - self.start < 60*self.minutes: return
+        self.at = train_iter + 1  # `learn.train_iter` once this batch is done
+        if self.several: group_store().set(f"{self.key}/{self.n}", str(self.at))
+    def due(self, train_iter):
+        "After a training batch, on every rank: is this the batch to checkpoint after?"
+        if self.at is None and self.several and rank_distrib() != 0:
+            store,key = group_store(),f"{self.key}/{self.n}"
+            if store.check([key]): self.at = int(store.get(key))
+        if self.at is None or train_iter < self.at: return False
+        self.at,self.n = None,self.n+1
+        return True
 
 # %% ../nbs/43_checkpoint.ipynb #2ac4723c
 def _say(msg):
@@ -37,6 +62,7 @@ class CheckpointCallback(Callback):
                  fname='ckpt', # directory in `learn.path/learn.model_dir`
                  every_epoch=1, # save after every `every_epoch` epochs
                  every_iters=None, # also save every `every_iters` training batches within an epoch
+                 every_minutes=None, # also save after the batch in which this many minutes passed since the last checkpoint
                  stop_on_signal=True, # SIGTERM or SIGUSR1 during the fit: every rank checkpoints one same batch and exits
                  requeue=True, # under SLURM, after that checkpoint: requeue the job (`scontrol requeue`), which then resumes
                  keep=2, # how many checkpoints to keep
@@ -45,8 +71,10 @@ class CheckpointCallback(Callback):
                  durable=True, # fsync every file and directory
                  async_save=True): # write in the background: training waits for a copy of all but the weights, copied meanwhile
         check_scope(scope)
+        if every_minutes is not None and not (isinstance(every_minutes, (int, float)) and 0 < every_minutes < float('inf')):
+            raise ValueError(f"CheckpointCallback(every_minutes={every_minutes!r}): a number of minutes, more than 0")
         store_attr()
-        self.resumed_from,self.fit_no,self.epochs_before,self.within,self.watch = None,-1,0,None,None
+        self.resumed_from,self.fit_no,self.epochs_before,self.within,self.watch,self.clock = None,-1,0,None,None,None
 
     @property
     def root(self): return Path(self.learn.path)/self.learn.model_dir/self.fname
@@ -62,6 +90,7 @@ class CheckpointCallback(Callback):
         if self.watch: self.watch.close() # a fit that raised left it open
         if self.fit_no >= 0: self.epochs_before += self.n_epochs_last
         self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
+        self.clock = ClockDecision(self.every_minutes) if self.every_minutes else None
         if self.stop_on_signal and threading.current_thread() is threading.main_thread():
             self.watch = SignalWatch(self.learn, f"{run_prefix()}/stop/{self.fit_no}")
         if self.resume: self._resume()
@@ -106,13 +135,20 @@ class CheckpointCallback(Callback):
         self.segment_start = self.learn.__dict__.get('resume_iter', 0)
         self.epoch_dl_rng = [dl.rng.getstate() for dl in inner_dls(self.learn)]
 
+    def before_batch(self):
+        "On the main process: is the checkpoint on the clock after this batch?"
+        if self.training and self.clock: self.clock.before_batch(self.learn.train_iter)
+
     def after_batch(self):
-        "Stop here if the ranks agreed to; save every `every_iters` training batches, but after an epoch's last"
+        "Stop here if the ranks agreed to; save every `every_iters` training batches but an epoch's last, and on the clock"
         if not self.training: return
         if self.watch:
             self.watch.batch_done()
             if self.watch.stop_at is not None and self.learn.train_iter >= self.watch.stop_at: return self._stop()
-        if self.every_iters and (self.iter+1) % self.every_iters == 0 and self.iter+1 < self.n_iter: self._save(within=True)
+        on_clock = self.clock is not None and self.clock.due(self.learn.train_iter)
+        last = self.iter+1 == self.n_iter
+        if self.every_iters and (self.iter+1) % self.every_iters == 0 and not last: self._save(within=True)
+        elif on_clock and not (last and (self.epoch+1) % self.every_epoch == 0): self._save(within=True)
 
     def _stop(self):
         "Checkpoint after this batch on every rank, requeue a SLURM job, then exit with `PREEMPTED`"
@@ -147,6 +183,7 @@ class CheckpointCallback(Callback):
 
     def _save(self, stopped=False, within=False):
         "Checkpoint now: every rank hands its random states to the main process, which commits them with the state"
+        if self.clock: self.clock.restart()
         done = self.done + [(world_size(), self.iter+1 - self.segment_start)] if within else None
         state = capture_state(self.learn, self.fit_no, self.epoch_dl_rng, done, stopped)
         rngs = exchange(get_rng_state(), 'CheckpointCallback rng')

@@ -5,6 +5,7 @@
 # %% ../nbs/20_text.ipynb #cfc80c7c
 from __future__ import annotations
 from collections import Counter
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from fastcore.basics import *
@@ -121,11 +122,23 @@ def _spm_setup(self:SentencePieceTokenizer, items, rules=None):
 # %% ../nbs/20_text.ipynb #1a7f5f66
 _ddl_get_idxs = fastai_original(DistributedDL, 'get_idxs')
 
+@contextmanager
+def _drawn(dl, idxs):
+    "Inside, `dl`'s pass gives `idxs`, drawn already"
+    dl.get_idxs = lambda: idxs
+    try: yield
+    finally: del dl.get_idxs
+
 @patch
 def get_idxs(self:DistributedDL):
-    "fastai's slice of the indices for this rank; whole batches for a language model's loader"
-    if not isinstance(self.dl, LMDataLoader): return _ddl_get_idxs(self)
-    idxs = self._broadcast(list(self.dl.get_idxs()), 0)
+    "fastai's slice of the indices for this rank; whole batches for a language model's loader; none of an empty pass"
+    idxs = list(self.dl.get_idxs())  # the same length on every rank
+    if not idxs: # an epoch resumed after its last batch: fastai would divide by its length
+        self.n = self.n_padded = 0
+        return []
+    if not isinstance(self.dl, LMDataLoader):
+        with _drawn(self.dl, idxs): return _ddl_get_idxs(self)
+    idxs = self._broadcast(idxs, 0)
     self.n = len(idxs)
     mine = deal(idxs, self.world_size, self.dl.bs)[self.rank]
     self.n_padded = len(mine)*self.world_size

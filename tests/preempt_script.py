@@ -1,5 +1,5 @@
 "A user's training script: dropout, random noise on the inputs, one-cycle, checkpoints. torchrun ... ROOT [EVERY_ITERS WATCH SLOW]"
-import sys, json, time, hashlib
+import os, sys, json, time, hashlib
 from pathlib import Path
 import torch
 from fastai.basics import *
@@ -15,12 +15,17 @@ class SlowBatch(Callback):  # each batch lasts at least 20 ms: a signal at a ran
     def before_batch(self): self.t = time.monotonic()
     def after_batch(self): time.sleep(max(0, 0.02 - (time.monotonic() - self.t)))
 
+class AgreedStop(Callback):  # STOP_AFTER=N: the ranks have agreed, as on a signal, to stop after training batch N
+    order = CheckpointCallback.order + 1
+    def before_batch(self):
+        if self.training and os.environ.get('STOP_AFTER'): self.learn.checkpoint.watch.stop_at = int(os.environ['STOP_AFTER'])
+
 root,every,watch,slow = Path(sys.argv[1]),*[int(a) for a in (sys.argv[2:] + ['0', '1', '1'][len(sys.argv)-2:])]
 learn = synth_learner(n=512, path=root, seed=4)
 learn.model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
 ckpt = CheckpointCallback(every_iters=every or None, stop_on_signal=bool(watch))
 t = time.monotonic()
-with learn.distrib_ctx(): learn.fit_one_cycle(3, 0.02, cbs=[ckpt, Noise()] + ([SlowBatch()] if slow else []))
+with learn.distrib_ctx(): learn.fit_one_cycle(3, 0.02, cbs=[ckpt, Noise(), AgreedStop()] + ([SlowBatch()] if slow else []))
 seconds = time.monotonic() - t
 sha = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
 (root/f"result{rank_distrib()}.json").write_text(json.dumps(dict(sha=sha, resumed_from=ckpt.resumed_from, seconds=seconds)))

@@ -1,17 +1,18 @@
 "Issue 14: a run that survives its cluster: SIGTERM to torchrun, SIGUSR1 to one rank, a worker killed under --max-restarts"
-import sys, json, time, signal, subprocess
+import os, sys, json, time, signal, subprocess
 from pathlib import Path
 import pytest
 from ddp_safe_fastai.launch import free_port, kill_tree
 
 SCRIPT = str(Path(__file__).parent/'preempt_script.py')
 
-def torchrun(root, *args, restarts=0):
+def torchrun(root, *args, restarts=0, env=None):
     "Start the user's script under torchrun on 2 ranks; the Popen"
     cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_addr', '127.0.0.1',
            '--master_port', str(free_port()), *(['--max-restarts', str(restarts)] if restarts else []), SCRIPT, str(root), *map(str, args)]
     root.mkdir(parents=True, exist_ok=True)
-    return subprocess.Popen(cmd, stdout=open(root.parent/f"{root.name}.log", 'a'), stderr=subprocess.STDOUT, start_new_session=True)
+    return subprocess.Popen(cmd, stdout=open(root.parent/f"{root.name}.log", 'a'), stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **(env or {})})
 
 def finish(p, timeout=240):
     "Wait for `p`; kill it and fail, saying so, if it runs past `timeout`"
@@ -54,6 +55,17 @@ def test_sigterm_to_torchrun_stops_and_resumes(uninterrupted, tmp_path, delay):
     assert finish(torchrun(root)) == 0
     res = results(root)
     assert res[0]['resumed_from'] == latest and res[0]['sha'] == res[1]['sha'] == uninterrupted
+
+def test_stop_after_an_epochs_last_batch(uninterrupted, tmp_path):
+    "The ranks agreed to stop after the last batch of an epoch: run again, that epoch has no batch left and only validates"
+    root = tmp_path/'run'
+    finish(torchrun(root, env={'STOP_AFTER': '32'}))  # 512 samples, 2 ranks, batches of 8: 32 batches an epoch
+    log = (tmp_path/'run.log').read_text()
+    assert 'every rank stopped after batch 32 of epoch 0' in log, log[-2000:]
+    assert (root/'models/ckpt/latest').read_text() == 'epoch_0000_iter_000032'
+    assert finish(torchrun(root)) == 0, (tmp_path/'run.log').read_text()[-3000:]
+    res = results(root)
+    assert res[0]['resumed_from'] == 'epoch_0000_iter_000032' and res[0]['sha'] == res[1]['sha'] == uninterrupted
 
 def test_sigusr1_on_one_rank_stops_every_rank(uninterrupted, tmp_path):
     "SLURM's --signal=USR1@90 reaches a rank's process: the other rank learns it through the store"
