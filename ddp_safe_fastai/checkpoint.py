@@ -14,6 +14,7 @@ from .persist import *
 from .learner import step_tensors
 from .train_state import *
 from .checkpoint_dir import *
+from .files import check_room, state_bytes
 from .signals import *
 from .distributed import fastai_defaults_kept
 with fastai_defaults_kept():
@@ -186,16 +187,23 @@ class CheckpointCallback(Callback):
         if self.clock: self.clock.restart()
         done = self.done + [(world_size(), self.iter+1 - self.segment_start)] if within else None
         state = capture_state(self.learn, self.fit_no, self.epoch_dl_rng, done, stopped)
-        rngs = exchange(get_rng_state(), 'CheckpointCallback rng')
+        name = checkpoint_name(self.epochs_before + state['epoch'], state['iter'])
+        room = self._room(self.root/name, state) if is_main_process(self.scope) else None
+        rngs,rooms = zip(*exchange((get_rng_state(), room), 'CheckpointCallback rng'))
+        raise_failures(rooms, f"CheckpointCallback {self.root/name}")  # on every rank, before anything is written
         if self.async_save: state = stage_for_save(state, self.scope, later=step_tensors(self.learn.model, self.learn.opt))
         if is_main_process(self.scope): self.root.mkdir(parents=True, exist_ok=True) # where `latest` is written
-        name = checkpoint_name(self.epochs_before + state['epoch'], state['iter'])
         info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done),
                     fit=self.fit_no, world_size=world_size())
         # the commit is the write of `latest`: `save_on_main` runs it on the main process alone (in the background with
         # `async_save`), puts `latest` in place when it returns, and raises its failure on every rank
-        commit = partial(self.dir.commit, name, {'state.pth': state, 'rng.pth': rngs}, info, keep={self.resumed_from})
+        commit = partial(self.dir.commit, name, {'state.pth': state, 'rng.pth': list(rngs)}, info, keep={self.resumed_from})
         save_on_main(self.root/'latest', commit, self.scope, self.durable, async_save=self.async_save)
+
+    def _room(self, ckpt, state):
+        "On the main process: None if `ckpt`'s disk has room for `state`, else why not"
+        try: check_room(ckpt, state_bytes(state))
+        except CheckpointError as e: return str(e)
 
     def after_fit(self):
         "Finish the background writes; give the signals back"

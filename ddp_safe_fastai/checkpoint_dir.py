@@ -103,6 +103,7 @@ class CheckpointDir:
                keep=()): # names never rotated out
         "Write the checkpoint `name` whole, rotate old ones, write its name for `latest`"
         self.check_latest_is_ours()
+        check_room(self.root/name, sum(map(state_bytes, files.values())))
         ckpt = self.fresh_dir(name)
         for f,obj in files.items(): atomic_torch_save(obj, ckpt/f, self.durable)
         write_manifest(ckpt, list(files), **info)

@@ -13,7 +13,7 @@ try: import fcntl
 except ImportError: fcntl = None  # Windows: no file locks
 
 # %% auto #0
-__all__ = ['flush_to_disk', 'wait_for_closes', 'writer_of', 'atomic_write', 'atomic_torch_save']
+__all__ = ['flush_to_disk', 'wait_for_closes', 'writer_of', 'state_bytes', 'check_room', 'atomic_write', 'atomic_torch_save']
 
 # %% ../nbs/01_files.ipynb #a43091df
 def flush_to_disk(path, directory=False, strict=False):
@@ -116,14 +116,44 @@ def writer_of(file):
     "Which process wrote `file`, as this library's atomic writes record it; None if unknown"
     with suppress(OSError, AttributeError): return os.getxattr(file, _writer_attr).decode()
 
+# %% ../nbs/01_files.ipynb #a59e2e6a
+def state_bytes(obj):
+    "The bytes of the tensors in `obj` (nested dicts, lists, tuples), each storage once: no more than `torch.save` writes"
+    sizes = {}
+    def walk(o):
+        if isinstance(o, torch.Tensor) and o.device.type != 'meta':
+            st = o.untyped_storage(); sizes[(st.device, st.data_ptr())] = st.nbytes()
+        elif isinstance(o, dict): [walk(v) for v in o.values()]
+        elif isinstance(o, (list, tuple)): [walk(v) for v in o]
+    walk(obj)
+    return sum(sizes.values())
+
+def _existing_dir(path):
+    "`path`, or its nearest parent that exists: where the disk can be asked for its free space"
+    while not path.is_dir() and path != path.parent: path = path.parent
+    return path
+
+def check_room(file, # the file about to be written
+               needed): # the bytes it needs
+    "Raise `CheckpointError` if `file`'s disk has fewer than `needed` bytes free: before anything is written"
+    where = _existing_dir(Path(file).parent)
+    try: free = shutil.disk_usage(where).free
+    except OSError: return  # a directory that cannot be read fails at the write, saying so
+    if free < needed:
+        raise CheckpointError(f"could not write {file}: not enough room on the disk of {where}: {free:,} bytes free, "
+                              f"{needed:,} needed; nothing was written, the previous file, if any, is intact")
+
 # %% ../nbs/01_files.ipynb #0d205a6f
 def atomic_write(file, # the file to write
                  write, # a function that writes to the path it is given
-                 durable=True): # fsync the file and its directory
+                 durable=True, # fsync the file and its directory
+                 needed=None): # bytes the file needs on the disk (default: the size of the file it replaces)
     "Write `file` through `write(tmp_path)` and put it in place with one atomic rename; `file` is never partly written"
     file = Path(file)
     prev = _open_previous(file)  # held open until the end: its blocks are freed when it is closed, in the background
-    try: _write_and_swap(file, write, durable)
+    try:
+        check_room(file, needed if needed is not None else os.fstat(prev).st_size if prev is not None else 0)
+        _write_and_swap(file, write, durable)
     finally:
         if prev is not None: _close_later(prev)
     _remove_stale_tmps(file)
@@ -153,4 +183,4 @@ def _write_and_swap(file, write, durable):
 
 def atomic_torch_save(obj, file, durable=True, **torch_save_kwargs):
     "`torch.save(obj, file, **torch_save_kwargs)`, atomically: the previous `file` survives any failure"
-    return atomic_write(file, lambda tmp: torch.save(obj, tmp, **torch_save_kwargs), durable=durable)
+    return atomic_write(file, lambda tmp: torch.save(obj, tmp, **torch_save_kwargs), durable, state_bytes(obj))

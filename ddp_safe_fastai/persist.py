@@ -224,12 +224,12 @@ def replaced_since_written(file):
             "write the same file. Give each run its own file name or path")
 
 # %% ../nbs/02_persist.ipynb #312d41f2
-def _write_and_publish(file, write, durable, key, copies=()):
+def _write_and_publish(file, write, durable, key, copies=(), needed=None):
     "Write `file` once the `copies` it writes are done; publish the outcome under `key` for the other ranks; the failure, or None"
     failure = f"could not write {file}: interrupted"
     try:
         for c in copies: c.result()
-        atomic_write(file, write, durable); failure = None
+        atomic_write(file, write, durable, needed); failure = None
     except CheckpointError as e: failure = str(e)
     else: _written[file] = _identity(file)
     finally:
@@ -277,7 +277,8 @@ def save_on_main(file, # the file to write
                  scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
                  durable=True, # fsync the file and its directory before returning
                  timeout=None, # seconds to wait for the writer (default: `DDP_SAFE_TIMEOUT`)
-                 async_save=False): # write in a background thread and return at once (see `stage_for_save`)
+                 async_save=False, # write in a background thread and return at once (see `stage_for_save`)
+                 needed=None): # bytes the file needs on the disk, checked first (default: the size of the file it replaces)
     "Write `file` through `write` on the main process alone, atomically; every rank that calls it raises if that failed"
     file,scope = Path(file).absolute(),check_scope(scope)
     distrib_timeout(timeout) # a bad timeout fails here on every rank, not only on those that wait
@@ -289,8 +290,8 @@ def save_on_main(file, # the file to write
         idx = _save_number(prefix, at, file.name, site)
     if is_main_process(scope):
         key = _note_write(prefix, file.name, at, site, idx) if at else None
-        if async_save: _in_flight.append((file, _background_write(file, write, durable, key)))
-        else: _raise_failure(_write_and_publish(file, write, durable, key))
+        if async_save: _in_flight.append((file, _background_write(file, write, durable, key, needed)))
+        else: _raise_failure(_write_and_publish(file, write, durable, key, needed=needed))
     elif at:
         # by name: ranks may reach one file by different paths (node mounts)
         job = (prefix, file.name, file, at, site, idx)
@@ -298,10 +299,10 @@ def save_on_main(file, # the file to write
         else: _raise_failure(_wait_for_writer(*job, timeout))
     return file
 
-def _background_write(file, write, durable, key):
+def _background_write(file, write, durable, key, needed):
     "Start the write of `file` in the writer's thread, after the copies staged for it; their memory is spare once it is done"
     staged,_staged[:] = list(_staged),[]
-    job = _writer.submit(_write_and_publish, file, write, durable, key, list(_copying))
+    job = _writer.submit(_write_and_publish, file, write, durable, key, list(_copying), needed)
     job.add_done_callback(lambda _: _give_back(staged))
     return job
 
@@ -320,6 +321,7 @@ def save_state(obj, # what `torch.save` writes
                **kwargs): # `save_on_main`'s options; the others go to `torch.save`
     "`torch.save(obj, file)` on the main process alone, atomically, with failures raised on every rank that calls it"
     opts,torch_save_kwargs = split_kwargs(kwargs, save_on_main)
+    if is_main_process(opts.get('scope', 'global')): opts.setdefault('needed', state_bytes(obj))
     if opts.get('async_save'): obj = stage_for_save(obj, opts.get('scope', 'global'), later)
     return save_on_main(file, lambda tmp: torch.save(obj, tmp, **torch_save_kwargs), **opts)
 

@@ -429,7 +429,7 @@ def background_write_failure(root):
         if full.filler: full.filler.unlink()
     models = Path(root)/'models'
     model = torch.load(models/'model.pth')
-    return dict(errors=errors, latest=latest_complete(models/'ckpt').name,
+    return dict(errors=errors, latest=latest_complete(models/'ckpt').name, checkpoints=sorted(p.name for p in (models/'ckpt').iterdir()),
                 model_of_epoch_0=all(torch.equal(a, b) for a,b in zip(model.values(), saved[0])),
                 temporaries=sorted(str(p.relative_to(models)) for p in models.rglob('*.tmp')))
 

@@ -21,14 +21,18 @@ def test_checkpoint_holds_the_weights_of_its_step(tmp_path):
 
 @needs_mounts
 def test_background_write_failure_reaches_every_rank(tmp_path):
-    "The callbacks' background writes fail (the disk, a small tmpfs, fills up): every rank raises at the next save of the file, the rest at the next flush; epoch 0's files survive"
+    """The disk (a small tmpfs) fills up after epoch 0: the checkpoint of epoch 1 is refused before it is written, on
+    every rank at that epoch's end; the best model's background write is refused too, raised on every rank at the
+    flush; epoch 0's files survive"""
     from ddp_safe_fastai.launch import torchrun_ranks
     mount = 'mount --make-rprivate / && mount -t tmpfs -o size=4m tmpfs "$0" && exec "$@"'
     res = values(torchrun_ranks(s.background_write_failure, str(tmp_path), init=False, nproc=2, timeout=300,
                                 node_prefix=lambda i: ['unshare', '-m', 'sh', '-c', mount, str(tmp_path)]))
     assert res[0] == res[1], res  # the same errors, at the same epoch, on every rank
-    (first, epoch), (then, _) = res[0]['errors']
+    (first, epoch), (then, at) = res[0]['errors']
     # fastai puts the callback's name before the message
-    assert 'could not write' in first and 'model.pth' in first and '0 MiB free' in first and epoch == 2, first
-    assert 'could not write' in then and 'ckpt' in then, then  # epoch 1's checkpoint
+    assert f"could not write {tmp_path}/models/ckpt/epoch_0002: not enough room on the disk of {tmp_path}/models/ckpt: 0 bytes free, 60 needed" in first, first
+    assert epoch == 1, epoch  # at the end of the epoch whose checkpoint it is, not a save later
+    assert f"could not write {tmp_path}/models/model.pth: not enough room" in then and at is None, then  # in the background
     assert res[0]['latest'] == 'epoch_0001' and res[0]['model_of_epoch_0'] and res[0]['temporaries'] == [], res
+    assert res[0]['checkpoints'] == ['epoch_0001', 'latest'], res  # nothing of epoch 1's was written
