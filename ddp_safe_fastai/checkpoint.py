@@ -49,6 +49,8 @@ class ClockDecision:
         return True
 
 # %% ../nbs/43_checkpoint.ipynb #2ac4723c
+_exception_meeting = 10  # seconds: after an exception, how long a rank waits for the others to checkpoint with it
+
 def _say(msg):
     if rank_distrib() == 0: print(f"CheckpointCallback: {msg}", flush=True)
 
@@ -70,12 +72,14 @@ class CheckpointCallback(Callback):
                  resume=True, # start from the latest complete checkpoint, if there is one
                  scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
                  durable=True, # fsync every file and directory
-                 async_save=True): # write in the background: training waits for a copy of all but the weights, copied meanwhile
+                 async_save=True, # write in the background: training waits for a copy of all but the weights, copied meanwhile
+                 on_exception=False): # when the fit raises: a checkpoint of the last training batch done, if every rank can meet
         check_scope(scope)
         if every_minutes is not None and not (isinstance(every_minutes, (int, float)) and 0 < every_minutes < float('inf')):
             raise ValueError(f"CheckpointCallback(every_minutes={every_minutes!r}): a number of minutes, more than 0")
         store_attr()
         self.resumed_from,self.fit_no,self.epochs_before,self.within,self.watch,self.clock = None,-1,0,None,None,None
+        self.completed,self.stepped = None,False
 
     @property
     def root(self): return Path(self.learn.path)/self.learn.model_dir/self.fname
@@ -85,7 +89,7 @@ class CheckpointCallback(Callback):
 
     def before_fit(self):
         "Resume this fit from the latest complete checkpoint, or skip it if a later fit's checkpoint exists"
-        self.within = None
+        self.within,self.completed = None,None
         if hasattr(self.learn, 'lr_finder'): return
         flush_saves() # a fit that raised may have left its last checkpoint writing
         if self.watch: self.watch.close() # a fit that raised left it open
@@ -138,11 +142,16 @@ class CheckpointCallback(Callback):
 
     def before_batch(self):
         "On the main process: is the checkpoint on the clock after this batch?"
-        if self.training and self.clock: self.clock.before_batch(self.learn.train_iter)
+        if not self.training: return
+        self.stepped = False
+        if self.clock: self.clock.before_batch(self.learn.train_iter)
+
+    def after_step(self): self.stepped = True
 
     def after_batch(self):
         "Stop here if the ranks agreed to; save every `every_iters` training batches but an epoch's last, and on the clock"
         if not self.training: return
+        if self.on_exception: self.completed,self.stepped = (self.epoch, self.iter, get_rng_state()),False
         if self.watch:
             self.watch.batch_done()
             if self.watch.stop_at is not None and self.learn.train_iter >= self.watch.stop_at: return self._stop()
@@ -182,14 +191,14 @@ class CheckpointCallback(Callback):
         # Any other cancellation (a time budget, a signal) leaves the fit to be resumed
         if len(self.learn.recorder.values) == self.epoch+1 and _stopped_early(self.learn): self._save(stopped=True)
 
-    def _save(self, stopped=False, within=False):
-        "Checkpoint now: every rank hands its random states to the main process, which commits them with the state"
+    def _save(self, stopped=False, within=False, rng=None, timeout=None):
+        "Checkpoint now: every rank hands its random states (`rng`, else now) to the main process, which commits them with the state"
         if self.clock: self.clock.restart()
         done = self.done + [(world_size(), self.iter+1 - self.segment_start)] if within else None
         state = capture_state(self.learn, self.fit_no, self.epoch_dl_rng, done, stopped)
         name = checkpoint_name(self.epochs_before + state['epoch'], state['iter'])
         room = self._room(self.root/name, state) if is_main_process(self.scope) else None
-        rngs,rooms = zip(*exchange((get_rng_state(), room), 'CheckpointCallback rng'))
+        rngs,rooms = zip(*exchange((rng or get_rng_state(), room), 'CheckpointCallback rng', timeout))
         raise_failures(rooms, f"CheckpointCallback {self.root/name}")  # on every rank, before anything is written
         if self.async_save: state = stage_for_save(state, self.scope, later=step_tensors(self.learn.model, self.learn.opt))
         if is_main_process(self.scope): self.root.mkdir(parents=True, exist_ok=True) # where `latest` is written
@@ -198,7 +207,22 @@ class CheckpointCallback(Callback):
         # the commit is the write of `latest`: `save_on_main` runs it on the main process alone (in the background with
         # `async_save`), puts `latest` in place when it returns, and raises its failure on every rank
         commit = partial(self.dir.commit, name, {'state.pth': state, 'rng.pth': list(rngs)}, info, keep={self.resumed_from})
-        save_on_main(self.root/'latest', commit, self.scope, self.durable, async_save=self.async_save)
+        save_on_main(self.root/'latest', commit, self.scope, self.durable, timeout, async_save=self.async_save and not timeout)
+
+    def after_fit_raised(self, e):
+        "With `on_exception`: checkpoint the last training batch done, if it was of this epoch and every rank comes soon"
+        if self.watch: self.watch.close(); self.watch = None  # its thread, left in the store's code, would abort the exit
+        if not self.on_exception or self.completed is None or isinstance(e, CheckpointError): return # not a failed save again
+        epoch,it,rng = self.completed
+        if self.stepped or epoch != self.epoch: # a step of an unfinished batch, or no batch of this epoch, is in the state
+            return _say(f"the fit raised {describe(e)}, at no batch's end: no checkpoint of it")
+        self.learn.epoch,self.learn.iter = epoch,it  # as it was after that batch (validation may have moved `iter`)
+        try:
+            flush_saves()
+            self._save(within=True, rng=rng, timeout=_exception_meeting)
+        except Exception as failed:
+            return print(f"CheckpointCallback: the fit raised {describe(e)}; no checkpoint of it on rank {rank_distrib()}: {describe(failed)}", flush=True)
+        _say(f"the fit raised {describe(e)}: every rank checkpointed batch {it+1} of epoch {epoch}; run again to resume from it")
 
     def _room(self, ckpt, state):
         "On the main process: None if `ckpt`'s disk has room for `state`, else why not"

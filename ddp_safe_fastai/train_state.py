@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np, torch
 from fastcore.basics import *
 from fastcore.foundation import L
-from fastai.learner import Learner, CancelEpochException
+from fastai.learner import Learner, CancelEpochException, CancelFitException
 from fastai.data.load import DataLoader
 from .core import *
 from .learner import model_state, apply_model_state
@@ -87,10 +87,16 @@ _fastai_do_fit = fastai_original(Learner, '_do_fit')
 
 @patch
 def _do_fit(self:Learner):
-    "fastai's epoch loop, starting at the epoch a `CheckpointCallback` restored in `before_fit` (else at 0)"
-    for epoch in range(self.__dict__.pop('resume_epoch', 0), self.n_epoch):
-        self.epoch = epoch
-        self._with_events(self._do_epoch, 'epoch', CancelEpochException)
+    "fastai's epoch loop, starting at the epoch a `CheckpointCallback` restored in `before_fit` (else at 0); an exception that ends it is told to the callbacks' `after_fit_raised`"
+    try:
+        for epoch in range(self.__dict__.pop('resume_epoch', 0), self.n_epoch):
+            self.epoch = epoch
+            self._with_events(self._do_epoch, 'epoch', CancelEpochException)
+    except CancelFitException: raise
+    except Exception as e:
+        for cb in self.cbs: # fastai has no event for it
+            if hasattr(cb, 'after_fit_raised'): cb.after_fit_raised(e)
+        raise
 
 _fastai_all_batches = fastai_original(Learner, 'all_batches')
 

@@ -20,12 +20,18 @@ class AgreedStop(Callback):  # STOP_AFTER=N: the ranks have agreed, as on a sign
     def before_batch(self):
         if self.training and os.environ.get('STOP_AFTER'): self.learn.checkpoint.watch.stop_at = int(os.environ['STOP_AFTER'])
 
+class BadBatch(Callback):  # RAISE_AT=N RAISE_ON=all|R: the loss of training batch N raises on every rank, or on rank R
+    def after_loss(self):
+        on = os.environ.get('RAISE_ON', 'all')
+        if self.training and self.train_iter == int(os.environ.get('RAISE_AT', -1)) and on in ('all', str(rank_distrib())):
+            raise ValueError(f"bad batch {self.train_iter} on rank {rank_distrib()}")
+
 root,every,watch,slow = Path(sys.argv[1]),*[int(a) for a in (sys.argv[2:] + ['0', '1', '1'][len(sys.argv)-2:])]
 learn = synth_learner(n=512, path=root, seed=4)
 learn.model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
-ckpt = CheckpointCallback(every_iters=every or None, stop_on_signal=bool(watch))
+ckpt = CheckpointCallback(every_iters=every or None, stop_on_signal=bool(watch), on_exception=True)
 t = time.monotonic()
-with learn.distrib_ctx(): learn.fit_one_cycle(3, 0.02, cbs=[ckpt, Noise(), AgreedStop()] + ([SlowBatch()] if slow else []))
+with learn.distrib_ctx(): learn.fit_one_cycle(3, 0.02, cbs=[ckpt, Noise(), AgreedStop(), BadBatch()] + ([SlowBatch()] if slow else []))
 seconds = time.monotonic() - t
 sha = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
 (root/f"result{rank_distrib()}.json").write_text(json.dumps(dict(sha=sha, resumed_from=ckpt.resumed_from, seconds=seconds)))

@@ -67,6 +67,33 @@ def test_stop_after_an_epochs_last_batch(uninterrupted, tmp_path):
     res = results(root)
     assert res[0]['resumed_from'] == 'epoch_0000_iter_000032' and res[0]['sha'] == res[1]['sha'] == uninterrupted
 
+def test_exception_on_every_rank_checkpoints(uninterrupted, tmp_path):
+    "`on_exception=True`: a batch whose loss raises on every rank: a checkpoint of the batch before, the error raised on every rank, an exact resume"
+    root = tmp_path/'run'
+    finish(torchrun(root, env={'RAISE_AT': '45'}))
+    log = (tmp_path/'run.log').read_text()
+    assert 'bad batch 45 on rank 0' in log and 'bad batch 45 on rank 1' in log, log[-3000:]  # each rank's own error
+    assert 'terminate called' not in log, log[-3000:]  # no thread left to abort the exit
+    assert 'every rank checkpointed batch 13 of epoch 1' in log, log[-3000:]  # 45 = 32 + 13 batches done
+    assert (root/'models/ckpt/latest').read_text() == 'epoch_0001_iter_000013'
+    assert finish(torchrun(root)) == 0, (tmp_path/'run.log').read_text()[-3000:]
+    res = results(root)
+    assert res[0]['resumed_from'] == 'epoch_0001_iter_000013' and res[0]['sha'] == res[1]['sha'] == uninterrupted
+
+def test_exception_on_one_rank_ends_the_run(uninterrupted, tmp_path):
+    "The loss raises on rank 1 alone: the other rank cannot checkpoint with it; the run ends, the last scheduled checkpoint is kept and resumed"
+    root = tmp_path/'run'
+    t = time.monotonic()
+    finish(torchrun(root, env={'RAISE_AT': '45', 'RAISE_ON': '1'}), timeout=120)
+    log = (tmp_path/'run.log').read_text()
+    assert 'bad batch 45 on rank 1' in log and 'no checkpoint of it on rank 1' in log, log[-3000:]
+    assert time.monotonic() - t < 90, log[-3000:]
+    assert (root/'models/ckpt/latest').read_text() == 'epoch_0001'
+    assert sorted(p.name for p in (root/'models/ckpt').iterdir()) == ['epoch_0001', 'latest']  # nothing half-made
+    assert finish(torchrun(root)) == 0, (tmp_path/'run.log').read_text()[-3000:]
+    res = results(root)
+    assert res[0]['resumed_from'] == 'epoch_0001' and res[0]['sha'] == res[1]['sha'] == uninterrupted
+
 def test_sigusr1_on_one_rank_stops_every_rank(uninterrupted, tmp_path):
     "SLURM's --signal=USR1@90 reaches a rank's process: the other rank learns it through the store"
     import psutil
