@@ -9,12 +9,12 @@ from ddp_safe_fastai.all import *
 from ddp_safe_fastai.testing import synth_learner
 
 class Pace(Callback):
-    "Training batches of `delay` seconds; each rank says, in ROOT/batches.RANK, how many it has trained"
+    "Training batches of `delay` seconds; each rank says, in ROOT/batches.RANK, the job's restarts and how many batches it has trained"
     def __init__(self, root, delay): self.root,self.delay = root,delay
     def after_batch(self):
         if not self.training: return
         time.sleep(self.delay)
-        Path(self.root, f'batches.{rank_distrib()}').write_text(str(self.train_iter))
+        Path(self.root, f'batches.{rank_distrib()}').write_text(f"{os.environ.get('SLURM_RESTART_COUNT', 0)} {self.train_iter}")
 
 def digest(model): return hashlib.sha1(b''.join(v.numpy().tobytes() for v in model.state_dict().values())).hexdigest()[:16]
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(not os.environ.get('SLURM_CONF'), reason="needs 
 
 TORCHRUN = f"{sys.executable} -m torch.distributed.run --nproc_per_node 2 --master_addr 127.0.0.1 --master_port {{port}}"
 
-def submit(root, tasks=2, delay=0.0, partition='main', torchrun=None, tasks_requeued=None):
+def submit(root, tasks=2, delay=0.0, partition='main', torchrun=None, tasks_requeued=None, requeue='--requeue'):
     """Submit the training script as a batch job: `srun` starts `tasks` ranks (`tasks_requeued` once the job is requeued),
     or one `torchrun` (its options given) that starts 2"""
     root.mkdir(parents=True, exist_ok=True)
@@ -21,7 +21,7 @@ def submit(root, tasks=2, delay=0.0, partition='main', torchrun=None, tasks_requ
     start = f"--ntasks=1 --cpus-per-task=2 {TORCHRUN.format(port=free_port())} {torchrun}" if torchrun is not None else ntasks + sys.executable
     script.write_text(f"""#!/bin/bash
 #SBATCH --ntasks={1 if torchrun is not None else tasks} --cpus-per-task={2 if torchrun is not None else 1}
-#SBATCH --partition={partition} --requeue --open-mode=append --output={root}/job.out
+#SBATCH --partition={partition} {requeue} --open-mode=append --output={root}/job.out
 export DDP_SAFE_TIMEOUT=60 OMP_NUM_THREADS=1
 srun {start} {HERE/'slurm_train.py'} {root} {delay}
 """)
@@ -53,10 +53,10 @@ def finished(jobid, root, timeout=240):
     reports = [json.loads(p.read_text()) for p in sorted(root.glob('rank*.json'))]
     return j, reports
 
-def trained(root, n):
-    "Has every rank trained at least `n` batches?"
-    got = [int(p.read_text() or 0) for p in root.glob('batches.*')]
-    return len(got) == 2 and min(got) >= n
+def trained(root, n, run=0):
+    "Has every rank trained at least `n` batches in the job's run number `run` (0, then 1 once requeued...)?"
+    got = [tuple(map(int, p.read_text().split() or (-1, 0))) for p in root.glob('batches.*')]
+    return len(got) == 2 and all(r == run and i >= n for r,i in got)
 
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
@@ -130,4 +130,16 @@ def test_requeued_on_fewer_tasks(uninterrupted, tmp_path):
     ckpts = sorted(p.name for p in (tmp_path/'models'/'ckpt').iterdir())
     resumed = f"epoch_{int(stopped[2]):04d}_iter_{int(stopped[1]):06d}"  # kept through the fit that resumed from it
     assert ckpts == sorted([resumed, 'epoch_0003', 'epoch_0004', 'latest']), ckpts
+
+def test_requeue_refused_keeps_the_checkpoint(tmp_path):
+    "A job submitted with `--no-requeue`: SLURM refuses the requeue; the message says so and what to do, the checkpoint stays"
+    jobid = submit(tmp_path, delay=0.3, requeue='--no-requeue')
+    wait_until(lambda: trained(tmp_path, 7), 120, f"job {jobid} training")
+    subprocess.run(['scancel', '--signal=USR1', jobid], check=True)
+    j,_ = finished(jobid, tmp_path)
+    log = (tmp_path/'job.out').read_text()
+    assert j['JobState'] == 'FAILED' and j['ExitCode'] == '75:0' and int(j['Restarts']) == 0, (j, log[-3000:])
+    assert f"SLURM job {jobid} was not requeued (" in log and f"requeue it with `scontrol requeue {jobid}` or submit it again" in log, log[-3000:]
+    latest = (tmp_path/'models'/'ckpt'/'latest').read_text()
+    assert '_iter_' in latest and (tmp_path/'models'/'ckpt'/latest/'state.pth').is_file(), latest
 
