@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # "dev" (nbdev 2.4.14, fastcore 1.14, fastai 2.8.7): notebooks, lint, packaging, the documentation site, and the tests
 # that pin fastai 2.8.7 (drop-in behaviour, the table of changes, the census of writers); "latest" (fastai 2.8.12, what
-# `pip install fastai` gives a user): the whole behavioural suite, once
+# `pip install fastai` gives a user): the whole behavioural suite, once, in 2 pytest workers (the ranks of a test wait
+# on each other and on servers much of the time), a test file in one worker (module fixtures; the SLURM tests share the one-node cluster)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-tools/env.sh dev
-tools/env.sh latest
-pytest_args=(-q -p no:cacheprovider --timeout 900 -rA --durations 5)
+tools/env.sh dev > /tmp/ddp_safe_env_dev.log 2>&1 & dev_env=$!  # two downloads at once
+tools/env.sh latest || { wait $dev_env || true; exit 1; }
+wait $dev_env || { cat /tmp/ddp_safe_env_dev.log; exit 1; }
+pytest_args=(-q -p no:cacheprovider --timeout 900 -rA --durations 25)
 
 echo "== dev: notebooks clean, package and README in sync with them"
 .venv-dev/bin/nbdev_clean
@@ -18,8 +20,12 @@ if [ -n "$(git status --porcelain -uno)" ]; then
 fi
 echo "== dev: pyflakes"
 tools/lint.sh
-echo "== packaging: sdist and wheel built, twine-checked, installed outside the repository, README example run"
-tools/package.sh
+echo "== packaging (in the background; its output follows the tests): sdist and wheel built, twine-checked, installed outside the repository, README example run"
+package_log=$(mktemp /tmp/ddp_safe_package.XXXXXX)
+setsid tools/package.sh > "$package_log" 2>&1 & package=$!
+slurm_dir=
+cleanup() { [ -z "$slurm_dir" ] || tools/slurm.sh stop "$slurm_dir"; kill -- -$package 2>/dev/null || true; }
+trap cleanup EXIT
 echo "== dev: notebooks run and rendered with their outputs (the documentation site, _docs/)"
 tools/docs.sh
 echo "== dev: the site in headless Chromium: links, anchors and images resolve, search lands on an entry, 375 px layout"
@@ -29,8 +35,9 @@ echo "== dev: fastai 2.8.7 pinned: drop-in behaviour, the table of changes, the 
 (cd tests && ../.venv-dev/bin/python -m pytest "${pytest_args[@]}" test_dropin.py test_fastai_changes.py)
 echo "== SLURM: a one-node cluster for the tests of srun and requeue (stopped and removed whatever the outcome)"
 slurm_dir=$(mktemp -d /tmp/ddp_safe_slurm.XXXXXX)
-trap 'tools/slurm.sh stop "$slurm_dir"' EXIT
 tools/slurm.sh start "$slurm_dir"
 export SLURM_CONF=$slurm_dir/slurm.conf
 echo "== latest: behavioural tests"
-(cd tests && ../.venv-latest/bin/python -m pytest "${pytest_args[@]}")
+(cd tests && ../.venv-latest/bin/python -m pytest "${pytest_args[@]}" -n 2 --dist loadfile)
+echo "== packaging: its output"
+if wait $package; then cat "$package_log"; else cat "$package_log"; echo "FAILED: tools/package.sh"; exit 1; fi
