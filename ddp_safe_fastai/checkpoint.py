@@ -187,8 +187,8 @@ class CheckpointCallback(Callback):
 
     def after_cancel_fit(self):
         "`EarlyStoppingCallback` ended the fit after this epoch: checkpoint the epoch as the fit's end"
-        # the Recorder (order 50) logged the epoch; the tracker (order 63) stopped the fit before this callback saw it.
-        # Any other cancellation (a time budget, a signal) leaves the fit to be resumed
+        # the Recorder logged the epoch and the tracker stopped the fit before this callback saw it (their `order`s are
+        # lower than `CheckpointCallback.order`). Any other cancellation (a time budget, a signal) leaves the fit to be resumed
         if len(self.learn.recorder.values) == self.epoch+1 and _stopped_early(self.learn): self._save(stopped=True)
 
     def _save(self, stopped=False, within=False, rng=None, timeout=None):

@@ -85,12 +85,14 @@ def _claim_tmp(file):
         os.close(fd)  # another writer's cleanup took it between its creation and the lock
 
 _renameat2 = getattr(ctypes.CDLL(None, use_errno=True), 'renameat2', None) if sys.platform == 'linux' else None
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2  # Linux's <fcntl.h> and <linux/fs.h>: paths from the working directory; swap the two names
 
 def _swap_in(tmp, file):
     "Put `tmp` in `file`'s place atomically; True if the previous `file` is now at `tmp`, to be removed"
     # ext4 starts writing back a file renamed over another (`auto_da_alloc`), which makes `os.replace` of a fresh
     # checkpoint slower than rewriting it in place; exchanging the two names (RENAME_EXCHANGE) does not
-    if _renameat2 and file.is_file() and _renameat2(-100, os.fsencode(tmp), -100, os.fsencode(file), 2) == 0: return True
+    if _renameat2 and file.is_file() and _renameat2(_AT_FDCWD, os.fsencode(tmp), _AT_FDCWD, os.fsencode(file), _RENAME_EXCHANGE) == 0:
+        return True
     os.replace(tmp, file)  # no renameat2, a file system without the exchange, no previous file, or not a file
     return False
 

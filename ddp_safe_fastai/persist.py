@@ -46,6 +46,7 @@ def _save_number(prefix, at, name, site):
 # %% ../nbs/02_persist.ipynb #6fcf8d8d
 _unpublished = {}  # on a writer: (process group's id, store prefix, place) -> {file name: write number of its last save there}
 _published = []  # the last keys this process published them under
+_published_kept = 16  # how many: a reader of an older one has long read it
 _lock = threading.Lock()
 _watcher,_exiting = None,threading.Event()
 
@@ -54,7 +55,7 @@ def _publish(store, done):
     for (prefix, at),names in done.items():
         key = f"{prefix}/left/{_place(at)}"
         store.set(key, pickle.dumps(names))
-        _published[:] = [*_published[-15:], (store, key)]
+        _published[:] = [*_published[1-_published_kept:], (store, key)]
 
 def _current_group(): return dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
 
@@ -90,6 +91,8 @@ def _note_write(prefix, name, at, site, idx):
             _watcher.start()
     return f"{prefix}/{name}/{n}"
 
+_exit_wait = 60  # seconds: a reader that died does not hold the exit longer
+
 @atexit.register
 def _publish_at_exit():
     "Publish what is left to publish; if the store lives in this process, let the ranks that wait for it read it"
@@ -98,7 +101,7 @@ def _publish_at_exit():
     if _watcher is not None: _watcher.join(10)
     with suppress(Exception):
         if (left := _take_left(_current_group(), everything=True)): _publish(group_store(), left)
-    end = time.monotonic() + 60  # a reader that died does not hold the exit longer
+    end = time.monotonic() + _exit_wait
     for store,key in _published:
         with suppress(Exception):
             while int(store.add(f"{key}/read", 0)) < int(store.add(f"{key}/want", 0)) and time.monotonic() < end:
@@ -142,10 +145,12 @@ def _wait_for_writer(prefix, name, file, at, site, idx, timeout):
         return _outcome(store, f"{prefix}/{name}/{n}", file, timeout)
 
 # %% ../nbs/02_persist.ipynb #775f7426
+_lowest_priority = 19  # the highest `nice` value: the CPU goes to any other thread first
+
 def _yield_to_training():
     "Give the calling thread the lowest CPU priority, on Linux, where a thread has its own (elsewhere it is the process's)"
     if not sys.platform.startswith('linux'): return
-    with suppress(OSError): os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # a sandbox that forbids it: writes go on as they are
+    with suppress(OSError): os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _lowest_priority)  # a sandbox that forbids it: writes go on as they are
 
 _writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_writer', initializer=_yield_to_training)  # one write at a time
 _copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_copier')  # copies are not queued behind writes
