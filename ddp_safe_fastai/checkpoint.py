@@ -92,13 +92,13 @@ class CheckpointCallback(Callback):
         self.within,self.completed = None,None
         if hasattr(self.learn, 'lr_finder'): return
         flush_saves() # a fit that raised may have left its last checkpoint writing
-        if self.watch: self.watch.close() # a fit that raised left it open
+        if self.watch: self.watch.close() # a callback after this one raised in `before_fit`: no epoch loop closed it
         if self.fit_no >= 0: self.epochs_before += self.n_epochs_last
         self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
         self.clock = ClockDecision(self.every_minutes) if self.every_minutes else None
-        if self.stop_on_signal and threading.current_thread() is threading.main_thread():
-            self.watch = SignalWatch(self.learn, f"{run_prefix()}/stop/{self.fit_no}")
         if self.resume: self._resume()
+        if self.stop_on_signal and threading.current_thread() is threading.main_thread(): # after a resume that may raise:
+            self.watch = SignalWatch(self.learn, f"{run_prefix()}/stop/{self.fit_no}") # the fit's end closes it
 
     def _resume(self):
         "The main process finds the latest complete checkpoint; every rank checks its format and follows"
@@ -210,9 +210,9 @@ class CheckpointCallback(Callback):
         save_on_main(self.root/'latest', commit, self.scope, self.durable, timeout, async_save=self.async_save and not timeout)
 
     def after_fit_raised(self, e):
-        "With `on_exception`: checkpoint the last training batch done, if it was of this epoch and every rank comes soon"
-        if self.watch: self.watch.close(); self.watch = None  # its thread, left in the store's code, would abort the exit
-        if not self.on_exception or self.completed is None or isinstance(e, CheckpointError): return # not a failed save again
+        "Give the signals back; with `on_exception`, checkpoint the last training batch done, if it was of this epoch and every rank comes soon"
+        if self.watch: self.watch.close(); self.watch = None
+        if not (self.on_exception and self.completed and isinstance(e, Exception)) or isinstance(e, CheckpointError): return # not a failed save again
         epoch,it,rng = self.completed
         if self.stepped or epoch != self.epoch: # a step of an unfinished batch, or no batch of this epoch, is in the state
             return _say(f"the fit raised {describe(e)}, at no batch's end: no checkpoint of it")

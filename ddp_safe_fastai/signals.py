@@ -12,18 +12,11 @@ from .core import *
 __all__ = ['PREEMPTED', 'SignalWatch', 'slurm_job', 'requeue_slurm_job']
 
 # %% ../nbs/42_signals.ipynb #b83f39ac
-def _in_fit(frame):
-    "Is `frame` inside a `Learner` fit?"
-    while frame is not None:
-        if frame.f_code.co_name == '_do_fit': return True  # fastai's epoch loop, or `train_state`'s
-        frame = frame.f_back
-    return False
-
 PREEMPTED = 75  # exit status of a run that a signal stopped after its checkpoint (sysexits' EX_TEMPFAIL: try again)
 _stop_signals = (signal.SIGTERM, signal.SIGUSR1)
 
 class SignalWatch:
-    "During a fit: SIGTERM/SIGUSR1 on any rank makes every rank agree, through the store, on a batch to stop after"
+    "During a fit (made as it starts, closed as it ends): SIGTERM/SIGUSR1 on any rank makes every rank agree, through the store, on a batch to stop after"
     def __init__(self, learn, key, poll=0.02, ahead=0.1):
         store_attr('learn,key,poll,ahead')
         self.signum,self.stop_at,self.last,self.batch_time = None,None,time.monotonic(),None
@@ -36,10 +29,8 @@ class SignalWatch:
         self.thread.start()
 
     def _note(self, signum, frame):
-        "In a fit, note the signal; outside one (the fit raised and never closed this watch), do what it did before"
-        if _in_fit(frame): self.signum = signum; return
-        self.close()
-        signal.raise_signal(signum)
+        "Note the signal: the watch's thread proposes the batch to stop after"
+        self.signum = signum
 
     def batch_done(self):
         "Called after every training batch: the time a batch takes, and that the process is alive"

@@ -87,13 +87,13 @@ _fastai_do_fit = fastai_original(Learner, '_do_fit')
 
 @patch
 def _do_fit(self:Learner):
-    "fastai's epoch loop, starting at the epoch a `CheckpointCallback` restored in `before_fit` (else at 0); an exception that ends it is told to the callbacks' `after_fit_raised`"
+    "fastai's epoch loop, starting at the epoch a `CheckpointCallback` restored in `before_fit` (else at 0); the callbacks' `after_fit_raised` hear of an exception that ends it"
     try:
         for epoch in range(self.__dict__.pop('resume_epoch', 0), self.n_epoch):
             self.epoch = epoch
             self._with_events(self._do_epoch, 'epoch', CancelEpochException)
     except CancelFitException: raise
-    except Exception as e:
+    except BaseException as e: # KeyboardInterrupt and SystemExit too: a callback may have to let go of what the fit held
         for cb in self.cbs: # fastai has no event for it
             if hasattr(cb, 'after_fit_raised'): cb.after_fit_raised(e)
         raise
