@@ -8,10 +8,12 @@ import time, signal, itertools, threading
 from functools import partial
 from pathlib import Path
 from fastcore.basics import *
+import numpy as np
 from fastai.callback.core import Callback
+from fastai.learner import Learner
 from .core import *
 from .persist import *
-from .learner import step_tensors
+from .learner import step_tensors, apply_model_state
 from .train_state import *
 from .checkpoint_dir import *
 from .files import check_room, state_bytes
@@ -21,7 +23,7 @@ with fastai_defaults_kept():
     from fastai.callback.tracker import EarlyStoppingCallback
 
 # %% auto #0
-__all__ = ['ClockDecision', 'CheckpointCallback']
+__all__ = ['ClockDecision', 'tracked_metric', 'CheckpointCallback']
 
 # %% ../nbs/43_checkpoint.ipynb #11a0dae3
 class ClockDecision:
@@ -48,6 +50,19 @@ class ClockDecision:
         self.at,self.n = None,self.n+1
         return True
 
+# %% ../nbs/43_checkpoint.ipynb #cfbb20f9
+def tracked_metric(learn, # the Learner, as its fit starts (its Recorder has named its values)
+                   monitor, # a name of `learn.recorder.metric_names`, as fastai's trackers take it
+                   comp=None, # `np.less`, `np.greater`, or None: less for a loss or an error, else greater
+                   required=False): # raise if the Recorder does not record `monitor`
+    "Where `monitor` is in each of the Recorder's values, and 'min' or 'max' for which way is better; None if not recorded"
+    names = list(getattr(getattr(learn, 'recorder', None), 'metric_names', [None, 'time'])[1:])
+    if monitor not in names:
+        if required: raise ValueError(f"CheckpointCallback(monitor={monitor!r}): the Recorder records {names[:-1]}, not {monitor!r}")
+        return None
+    if comp is None: comp = np.less if 'loss' in monitor or 'error' in monitor else np.greater
+    return names.index(monitor), 'min' if comp(0, 1) else 'max'
+
 # %% ../nbs/43_checkpoint.ipynb #2ac4723c
 _exception_meeting = 10  # seconds: after an exception, how long a rank waits for the others to checkpoint with it
 
@@ -68,7 +83,10 @@ class CheckpointCallback(Callback):
                  every_minutes=None, # also save after the batch in which this many minutes passed since the last checkpoint
                  stop_on_signal=True, # SIGTERM or SIGUSR1 during the fit: every rank checkpoints one same batch and exits
                  requeue=True, # under SLURM, after that checkpoint: requeue the job (`scontrol requeue`), which then resumes
-                 keep=2, # how many checkpoints to keep
+                 keep=2, # how many checkpoints to keep, the newest
+                 monitor='valid_loss', # the metric recorded with each epoch's checkpoint, as fastai's trackers name it
+                 comp=None, # `np.less` or `np.greater` (default: less for a loss or an error, else greater)
+                 keep_best=0, # also keep the `keep_best` checkpoints of the best `monitor`
                  resume=True, # start from the latest complete checkpoint, if there is one
                  scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
                  durable=True, # fsync every file and directory
@@ -85,12 +103,13 @@ class CheckpointCallback(Callback):
     def root(self): return Path(self.learn.path)/self.learn.model_dir/self.fname
 
     @property
-    def dir(self): return CheckpointDir(self.root, self.keep, self.durable)
+    def dir(self): return CheckpointDir(self.root, self.keep, self.durable, self.keep_best)
 
     def before_fit(self):
         "Resume this fit from the latest complete checkpoint, or skip it if a later fit's checkpoint exists"
         self.within,self.completed = None,None
         if hasattr(self.learn, 'lr_finder'): return
+        self.tracked = tracked_metric(self.learn, self.monitor, self.comp, required=self.keep_best > 0)
         flush_saves() # a fit that raised may have left its last checkpoint writing
         if self.watch: self.watch.close() # a callback after this one raised in `before_fit`: no epoch loop closed it
         if self.fit_no >= 0: self.epochs_before += self.n_epochs_last
@@ -203,7 +222,7 @@ class CheckpointCallback(Callback):
         if self.async_save: state = stage_for_save(state, self.scope, later=step_tensors(self.learn.model, self.learn.opt))
         if is_main_process(self.scope): self.root.mkdir(parents=True, exist_ok=True) # where `latest` is written
         info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done),
-                    fit=self.fit_no, world_size=world_size())
+                    fit=self.fit_no, world_size=world_size(), **({} if within else self._monitored()))
         # the commit is the write of `latest`: `save_on_main` runs it on the main process alone (in the background with
         # `async_save`), puts `latest` in place when it returns, and raises its failure on every rank
         commit = partial(self.dir.commit, name, {'state.pth': state, 'rng.pth': list(rngs)}, info, keep={self.resumed_from})
@@ -224,6 +243,13 @@ class CheckpointCallback(Callback):
             return print(f"CheckpointCallback: the fit raised {describe(e)}; no checkpoint of it on rank {rank_distrib()}: {describe(failed)}", flush=True)
         _say(f"the fit raised {describe(e)}: every rank checkpointed batch {it+1} of epoch {epoch}; run again to resume from it")
 
+    def _monitored(self):
+        "For an epoch's checkpoint: the monitored metric's value this epoch, and which way is better"
+        if self.tracked is None: return {}
+        i,mode = self.tracked
+        value = self.learn.recorder.values[-1][i] if self.learn.recorder.values else None
+        return {} if value is None else dict(monitor=dict(name=self.monitor, value=float(value), mode=mode))
+
     def _room(self, ckpt, state):
         "On the main process: None if `ckpt`'s disk has room for `state`, else why not"
         try: check_room(ckpt, state_bytes(state))
@@ -233,3 +259,18 @@ class CheckpointCallback(Callback):
         "Finish the background writes; give the signals back"
         if self.watch: self.watch.close(); self.watch = None
         flush_saves()
+
+# %% ../nbs/43_checkpoint.ipynb #86a492b5
+@patch
+def load_checkpoint(self:Learner,
+                    fname='ckpt', # the `CheckpointCallback`'s directory in `learn.path/learn.model_dir`
+                    best=False, # the best by its monitored metric, not the newest
+                    with_opt=False): # the optimizer's state too
+    "Load the model of the newest complete checkpoint, or the best, on every rank (to evaluate or export it); its name"
+    cd = CheckpointDir(Path(self.path)/self.model_dir/fname)
+    found = (next((c for c in cd.best(cd.keep) if is_complete(c)), None) if best else cd.latest()) if rank_distrib() == 0 else None
+    name = broadcast_object(found and found.name, what=f"load_checkpoint {cd.root}")
+    if name is None: raise CheckpointNotFoundError(f"load_checkpoint: no complete checkpoint{' with a monitored metric' if best else ''} in {cd.root}")
+    state = load_state(cd.root/name/'state.pth', what='load_checkpoint')
+    apply_model_state(state['model'], self.model, self.opt, with_opt=with_opt)
+    return name

@@ -15,7 +15,7 @@ from .train_state import FORMAT
 
 # %% auto #0
 __all__ = ['checksum', 'write_manifest', 'read_manifest', 'why_incomplete', 'is_complete', 'CheckpointFormatError',
-           'check_format', 'training_position', 'checkpoint_name', 'CheckpointDir', 'latest_complete',
+           'check_format', 'training_position', 'monitored', 'checkpoint_name', 'CheckpointDir', 'latest_complete',
            'inspect_checkpoints', 'checkpoints_report']
 
 # %% ../nbs/41_checkpoint_dir.ipynb #4cfcc347
@@ -87,6 +87,11 @@ def training_position(ckpt):
     epoch,_,iter = ckpt.name[len('epoch_'):].partition('_iter_')
     return (int(epoch), m.get('epoch_fraction', int(iter or 0)*1e-9)) # format 1: one world size, batches in order
 
+def monitored(ckpt):
+    "The value of the metric monitored when `ckpt` was committed, and which way is better ('min' or 'max'); None if none"
+    m = (read_manifest(ckpt) or {}).get('monitor')
+    return (m['value'], m['mode']) if m and m['value'] == m['value'] else None  # NaN is never the best
+
 def checkpoint_name(epoch, # epochs done in the whole script
                     iter=0): # batches done in the next epoch
     "The directory name of a checkpoint after `epoch` epochs and `iter` batches"
@@ -94,7 +99,8 @@ def checkpoint_name(epoch, # epochs done in the whole script
 
 class CheckpointDir:
     "The checkpoints under `root`: committed in order, rotated, the latest complete found"
-    def __init__(self, root, keep=2, durable=True): self.root,self.keep,self.durable = Path(root),keep,durable
+    def __init__(self, root, keep=2, durable=True, keep_best=0):
+        self.root,self.keep,self.durable,self.keep_best = Path(root),keep,durable,keep_best
 
     def commit(self, name, # the checkpoint's directory name (`checkpoint_name`)
                files, # {file name: what `torch.save` writes}
@@ -127,9 +133,15 @@ class CheckpointDir:
         return sorted(self.root.glob('epoch_*'), key=training_position, reverse=True)
 
     def rotate(self, keep=()):
-        "Remove checkpoints beyond the newest `self.keep`, except those in `keep`"
+        "Remove checkpoints beyond the newest `self.keep`, except those in `keep` and the `self.keep_best` best"
+        keep = {*keep, *(c.name for c in self.best(self.keep_best))}
         for c in self.checkpoints()[self.keep:]:
             if c.name not in keep: shutil.rmtree(c, ignore_errors=True)
+
+    def best(self, k=1):
+        "The `k` committed checkpoints of the best monitored value, best first; of two equal ones, the earlier"
+        scored = [(c, v) for c in self.checkpoints() if (v := monitored(c))]
+        return [c for c,_ in sorted(scored, key=lambda cv: (cv[1][0] if cv[1][1] == 'min' else -cv[1][0], training_position(cv[0])))][:k]
 
     def named_latest(self):
         "The name `latest` holds, or None"
@@ -149,31 +161,39 @@ def latest_complete(root):
 # %% ../nbs/41_checkpoint_dir.ipynb #05529657
 def _size(ckpt): return sum(p.stat().st_size for p in Path(ckpt).iterdir() if p.is_file())
 
-def _describe(ckpt, chosen):
+def _describe(ckpt, chosen, best):
     m = read_manifest(ckpt) or {}
     why = why_incomplete(ckpt)
     if why is None and m['format'] > FORMAT: why = f"format {m['format']}: newer than this release reads"
     return dict(name=ckpt.name, complete=why is None, why=why, epoch=m.get('epoch'),
                 iter=m.get('iter', int(ckpt.name.split('_iter_')[1]) if '_iter_' in ckpt.name else 0), fit=m.get('fit'),
                 world_size=m.get('world_size'), format=m.get('format'), library=m.get('library'), bytes=_size(ckpt),
-                resume=ckpt == chosen)
+                resume=ckpt == chosen, monitor=m.get('monitor'), best=ckpt == best)
 
 def inspect_checkpoints(root): # a `CheckpointCallback`'s directory: `learn.path/learn.model_dir/fname`
     "What each checkpoint under `root` is (the latest taken first, incomplete ones last), and which one a resume takes"
     cd = CheckpointDir(root)
-    chosen = cd.latest()
-    return [_describe(c, chosen) for c in cd.checkpoints()]
+    chosen,best = cd.latest(),next(iter(cd.best()), None)
+    return [_describe(c, chosen, best) for c in cd.checkpoints()]
+
+def _monitored_cell(row):
+    "The monitored value of a row of `inspect_checkpoints`, starred if it is the best"
+    m = row['monitor']
+    return '-' if m is None else f"{m['value']:.5g}" + ('*' if row['best'] else ' ')
 
 def checkpoints_report(root):
     "`inspect_checkpoints` as a table, with what `latest` says and what a resume would do"
     if not Path(root).is_dir(): return f"{root}: no such directory"
     rows = inspect_checkpoints(root)
     lines = [f"{root}: {len(rows)} checkpoint(s); latest names {CheckpointDir(root).named_latest()!r}",
-             f"{'':2}{'checkpoint':24}{'epoch':>6}{'batch':>7}{'fit':>5}{'ranks':>7}{'format':>8}{'release':>9}{'MB':>9}  state"]
+             f"{'':2}{'checkpoint':24}{'epoch':>6}{'batch':>7}{'fit':>5}{'ranks':>7}{'format':>8}{'release':>9}{'MB':>9}{'monitored':>12}  state"]
     for r in rows:
         lines.append(f"{'->' if r['resume'] else '':2}{r['name']:24}{r['epoch']!s:>6}{r['iter']!s:>7}{r['fit']!s:>5}"
-                     f"{r['world_size']!s:>7}{r['format']!s:>8}{r['library'] or '-':>9}{r['bytes']/2**20:9.2f}  "
+                     f"{r['world_size']!s:>7}{r['format']!s:>8}{r['library'] or '-':>9}{r['bytes']/2**20:9.2f}"
+                     f"{_monitored_cell(r):>12}  "
                      + ('complete' if r['complete'] else f"INCOMPLETE: {r['why']}"))
+    best = next((r for r in rows if r['best']), None)
+    if best: lines.append(f"the best by {best['monitor']['name']} ({best['monitor']['mode']}): {best['name']}, marked *")
     chosen = next((r for r in rows if r['resume']), None)
     lines.append(f"a resume takes {chosen['name']} (saved on {chosen['world_size']} rank(s))" if chosen else
                  "nothing to resume from: a run starts afresh")

@@ -1,6 +1,6 @@
-"""`CheckpointCallback`'s policies (nbs/43_checkpoint.ipynb): checkpoints on a clock (`every_minutes`); the disk's room
-checked before a save (nbs/01_files.ipynb). Real ranks under torchrun; the rank-side functions are the first in this file"""
-import time
+"""`CheckpointCallback`'s policies (nbs/43_checkpoint.ipynb): the best checkpoints kept (`keep_best`); checkpoints on a
+clock (`every_minutes`); the disk's room checked before a save (nbs/01_files.ipynb). Real ranks under torchrun; the rank-side functions are the first in this file"""
+import time, hashlib
 from pathlib import Path
 import pytest, torch
 from fastai.basics import Callback, nn
@@ -26,6 +26,51 @@ def fit_on_clock(root, minutes, slow_rank):
     with learn.distrib_ctx(): learn.fit(3, 0.01, cbs=[ckpt, SlowRank(slow_rank, 0.02)])
     return dict(batches=[b for b,_ in saves], moments=[t for _,t in saves],
                 dirs=sorted(p.name for p in (Path(root)/'models'/'ckpt').iterdir() if p.is_dir()))
+
+class UpFrom(Callback):
+    "The validation loss goes down, then up: from epoch `epoch` the weights are pushed away before validating"
+    def __init__(self, epoch, seen): self.epoch_up,self.seen = epoch,seen
+    def before_validate(self):
+        if self.epoch >= self.epoch_up:
+            with torch.no_grad():
+                for p in self.learn.model.parameters(): p.add_(0.5)
+    def after_epoch(self): self.seen[self.epoch] = digest(self.learn.model)
+
+def digest(model): return hashlib.sha1(b''.join(v.numpy().tobytes() for v in model.state_dict().values())).hexdigest()
+
+def best_kept(root):
+    "6 epochs, the validation loss down then up from epoch 3, `keep=1, keep_best=2`; the run dies after epoch 2 and is run again"
+    seen = {}
+    for crash in (True, False):
+        learn = synth_learner(n=256, path=Path(root), seed=2)
+        class Crash(Callback):
+            def after_epoch(self):
+                if crash and self.epoch == 2: raise RuntimeError('killed')
+        try:
+            with learn.distrib_ctx(): learn.fit(6, 0.05, cbs=[CheckpointCallback(keep=1, keep_best=2), UpFrom(3, seen), Crash()])
+        except RuntimeError as e: assert 'killed' in str(e)
+    losses = [float(v[1]) for v in learn.recorder.values]
+    name = learn.load_checkpoint(best=True)
+    return dict(name=name, loaded=digest(learn.model), seen=seen, losses=losses,
+                checkpoints=sorted(p.name for p in (Path(root)/'models'/'ckpt').iterdir()))
+
+def test_keep_best_survives_rotation(tmp_path):
+    """The best 2 checkpoints by the validation loss are kept beside the newest across a resumed run, and the best loads
+    on every rank, bit for bit the weights of its epoch"""
+    r0,r1 = values(torchrun_ranks(best_kept, str(tmp_path), init=False, timeout=240))
+    assert r0['losses'] == r1['losses'] and len(r0['losses']) == 6, r0
+    order = sorted(range(6), key=lambda e: (r0['losses'][e], e))  # the earlier of equal values first
+    assert order[0] < 3 <= order[2], r0['losses']  # down, then up: the best epochs are before the last one
+    assert r0['checkpoints'] == sorted([f"epoch_{order[0]+1:04d}", f"epoch_{order[1]+1:04d}", 'epoch_0006', 'latest']), r0
+    assert r0['name'] == r1['name'] == f"epoch_{order[0]+1:04d}", r0['name']
+    assert r0['loaded'] == r1['loaded'] == r0['seen'][order[0]]  # bit for bit the weights of its epoch, on every rank
+
+def test_keep_best_monitor_is_checked(tmp_path):
+    "A monitored metric the Recorder does not record: one clear error at the fit's start"
+    learn = synth_learner(path=tmp_path)
+    with pytest.raises(ValueError, match=r"CheckpointCallback\(monitor='accuracy'\): the Recorder records \['train_loss', 'valid_loss'\]"):
+        learn.fit(1, cbs=CheckpointCallback(monitor='accuracy', keep_best=1))
+    assert not (tmp_path/'models').exists()
 
 def save_too_large(root):
     "Every rank saves a model too large for the disk over a small one's file: what each raised, and what is left"
