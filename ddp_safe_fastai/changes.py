@@ -51,8 +51,8 @@ fastai_changes = [
            "fastai has no `DataLoaders.save`; `torch.save(dls)` on every rank wrote one file at once"),
     *_rows('text', 'fastai.text.learner.TextLearner', 'save_encoder load_encoder load', "as `Learner.save` and `Learner.load`",
            "`save_encoder` had no guard at all; `TextLearner.load` went around `Learner.load`'s"),
-    *_rows('text', 'fastai.distributed.DistributedDL', 'get_idxs', "a language model's loader gets whole batches on each rank",
-           "each rank's slice cut the text streams of an `LMDataLoader`"),
+    *_rows('text', 'fastai.distributed.DistributedDL', 'get_idxs', "a language model's loader gets whole batches on each rank; an empty pass none",
+           "each rank's slice cut the text streams of an `LMDataLoader`; an epoch resumed after its last batch divided by zero"),
     *_rows('text', 'fastai.text.core', 'save_pickle', "writes atomically; a `Counter`'s ties in a fixed order",
            "a killed tokenizer left a `counter.pkl` taken for whole; ranks built vocabularies in different orders"),
     *_rows('text', 'fastai.text.core', '_tokenize_files tokenize_csv', "tokenizes once per disk; the others wait",
@@ -71,10 +71,13 @@ fastai_changes = [
            "every rank downloaded again, removing the tree a rank done before it was reading"),
     *_rows('writers', 'fastai.vision.utils', 'download_images resize_images', "once per disk; the other ranks wait",
            "every rank downloaded every image, and rewrote the images others read"),
-    *_rows('train_state', 'fastai.learner.Learner', '_do_fit all_batches', "start at the epoch and batch a checkpoint resumes at",
+    *_rows('train_state', 'fastai.learner.Learner', '_do_fit all_batches', "start at the epoch and batch a checkpoint resumes at; "
+           "the callbacks' `after_fit_raised` hear of an exception that ends the fit",
            "fastai always starts a fit at epoch 0, batch 0"),
     *_rows('train_state', 'fastai.data.load.DataLoader', 'sample', "put back the random states a resumed epoch had, once the pass drew its seed",
            "a resumed epoch drew other dropout masks and augmentations than the run it continues"),
+    *_rows('checkpoint', 'fastai.learner.Learner', 'load_checkpoint', "added: a `CheckpointCallback`'s newest or best checkpoint, loaded on every rank",
+           "fastai has no directory of checkpoints to load the best one from"),
 ]
 
 # %% ../nbs/95_changes.ipynb #7155b0ca
