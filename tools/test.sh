@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # "dev" (nbdev 2.4.14, fastcore 1.14, fastai 2.8.7): notebooks, lint, packaging, the documentation site, and the tests
 # that pin fastai 2.8.7 (drop-in behaviour, the table of changes, the census of writers); "latest" (fastai 2.8.12, what
-# `pip install fastai` gives a user): the whole behavioural suite, once, in 2 pytest workers (the ranks of a test wait
-# on each other and on servers much of the time), a test file in one worker (module fixtures; the SLURM tests share the one-node cluster)
+# `pip install fastai` gives a user): the whole behavioural suite, once, in one pytest process (2 pytest workers gained
+# little: the tests' ranks keep both cores busy)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/env.sh dev > /tmp/ddp_safe_env_dev.log 2>&1 & dev_env=$!  # two downloads at once
@@ -38,6 +38,6 @@ slurm_dir=$(mktemp -d /tmp/ddp_safe_slurm.XXXXXX)
 tools/slurm.sh start "$slurm_dir"
 export SLURM_CONF=$slurm_dir/slurm.conf
 echo "== latest: behavioural tests"
-(cd tests && ../.venv-latest/bin/python -m pytest "${pytest_args[@]}" -n 2 --dist loadfile)
+(cd tests && ../.venv-latest/bin/python -m pytest "${pytest_args[@]}")
 echo "== packaging: its output"
 if wait $package; then cat "$package_log"; else cat "$package_log"; echo "FAILED: tools/package.sh"; exit 1; fi
