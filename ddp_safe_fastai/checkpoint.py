@@ -31,21 +31,22 @@ class ClockDecision:
     made = itertools.count()  # every rank makes its decisions in the same order: the count names each one's keys
     def __init__(self, minutes):
         self.minutes,self.key,self.n,self.at = minutes,f"{run_prefix()}/clock/{next(self.made)}",0,None
-        self.several = join_launched_group(what='CheckpointCallback every_minutes') and num_distrib() > 1
+        several = join_launched_group(what='CheckpointCallback every_minutes') and num_distrib() > 1
+        self.main,self.store = rank_distrib() == 0,group_store() if several else None  # looked up once, not every batch
         self.restart()
     def restart(self):
         "Count the interval from now (a checkpoint was written)"
         self.start = time.monotonic()
     def before_batch(self, train_iter):
         "On the main process: if the interval has passed, the checkpoint is after this batch; published for the others"
-        if rank_distrib() != 0 or self.at is not None or time.monotonic() - self.start < 60*self.minutes: return
+        if not self.main or self.at is not None or time.monotonic() - self.start < 60*self.minutes: return
         self.at = train_iter + 1  # `learn.train_iter` once this batch is done
-        if self.several: group_store().set(f"{self.key}/{self.n}", str(self.at))
+        if self.store is not None: self.store.set(f"{self.key}/{self.n}", str(self.at))
     def due(self, train_iter):
         "After a training batch, on every rank: is this the batch to checkpoint after?"
-        if self.at is None and self.several and rank_distrib() != 0:
-            store,key = group_store(),f"{self.key}/{self.n}"
-            if store.check([key]): self.at = int(store.get(key))
+        if self.at is None and self.store is not None and not self.main:
+            key = f"{self.key}/{self.n}"
+            if self.store.check([key]): self.at = int(self.store.get(key))
         if self.at is None or train_iter < self.at: return False
         self.at,self.n = None,self.n+1
         return True
@@ -56,7 +57,7 @@ def tracked_metric(learn, # the Learner, as its fit starts (its Recorder has nam
                    comp=None, # `np.less`, `np.greater`, or None: less for a loss or an error, else greater
                    required=False): # raise if the Recorder does not record `monitor`
     "Where `monitor` is in each of the Recorder's values, and 'min' or 'max' for which way is better; None if not recorded"
-    names = list(getattr(getattr(learn, 'recorder', None), 'metric_names', [None, 'time'])[1:])
+    names = list(learn.recorder.metric_names[1:])
     if monitor not in names:
         if required: raise ValueError(f"CheckpointCallback(monitor={monitor!r}): the Recorder records {names[:-1]}, not {monitor!r}")
         return None
@@ -96,8 +97,7 @@ class CheckpointCallback(Callback):
         if every_minutes is not None and not (isinstance(every_minutes, (int, float)) and 0 < every_minutes < float('inf')):
             raise ValueError(f"CheckpointCallback(every_minutes={every_minutes!r}): a number of minutes, more than 0")
         store_attr()
-        self.resumed_from,self.fit_no,self.epochs_before,self.within,self.watch,self.clock = None,-1,0,None,None,None
-        self.completed,self.stepped = None,False
+        self.resumed_from,self.fit_no,self.epochs_before,self.within,self.watch,self.clock,self.tracked = None,-1,0,None,None,None,None
 
     @property
     def root(self): return Path(self.learn.path)/self.learn.model_dir/self.fname
@@ -107,7 +107,7 @@ class CheckpointCallback(Callback):
 
     def before_fit(self):
         "Resume this fit from the latest complete checkpoint, or skip it if a later fit's checkpoint exists"
-        self.within,self.completed = None,None
+        self.within,self.completed,self.stepped = None,None,False
         if hasattr(self.learn, 'lr_finder'): return
         self.tracked = tracked_metric(self.learn, self.monitor, self.comp, required=self.keep_best > 0)
         flush_saves() # a fit that raised may have left its last checkpoint writing
@@ -161,9 +161,7 @@ class CheckpointCallback(Callback):
 
     def before_batch(self):
         "On the main process: is the checkpoint on the clock after this batch?"
-        if not self.training: return
-        self.stepped = False
-        if self.clock: self.clock.before_batch(self.learn.train_iter)
+        if self.training and self.clock: self.clock.before_batch(self.learn.train_iter)
 
     def after_step(self): self.stepped = True
 
@@ -268,7 +266,7 @@ def load_checkpoint(self:Learner,
                     with_opt=False): # the optimizer's state too
     "Load the model of the newest complete checkpoint, or the best, on every rank (to evaluate or export it); its name"
     cd = CheckpointDir(Path(self.path)/self.model_dir/fname)
-    found = (next((c for c in cd.best(cd.keep) if is_complete(c)), None) if best else cd.latest()) if rank_distrib() == 0 else None
+    found = (next((c for c in cd.best(None) if is_complete(c)), None) if best else cd.latest()) if rank_distrib() == 0 else None
     name = broadcast_object(found and found.name, what=f"load_checkpoint {cd.root}")
     if name is None: raise CheckpointNotFoundError(f"load_checkpoint: no complete checkpoint{' with a monitored metric' if best else ''} in {cd.root}")
     state = load_state(cd.root/name/'state.pth', what='load_checkpoint')

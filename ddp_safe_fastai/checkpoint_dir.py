@@ -139,7 +139,7 @@ class CheckpointDir:
             if c.name not in keep: shutil.rmtree(c, ignore_errors=True)
 
     def best(self, k=1):
-        "The `k` committed checkpoints of the best monitored value, best first; of two equal ones, the earlier"
+        "The `k` committed checkpoints of the best monitored value (all of them for `k=None`), best first; of two equal ones, the earlier"
         scored = [(c, v) for c in self.checkpoints() if (v := monitored(c))]
         return [c for c,_ in sorted(scored, key=lambda cv: (cv[1][0] if cv[1][1] == 'min' else -cv[1][0], training_position(cv[0])))][:k]
 

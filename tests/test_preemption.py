@@ -28,6 +28,12 @@ def when(cond, timeout=120):
         assert time.monotonic() < end, 'the run never got there'
         time.sleep(0.01)
 
+def resumed_to_the_end(root, resumed_from, uninterrupted):
+    "Run the script again in `root`: it resumes from `resumed_from` and ends with the uninterrupted run's weights on both ranks"
+    assert finish(torchrun(root)) == 0, (root.parent/f"{root.name}.log").read_text()[-3000:]
+    res = results(root)
+    assert res[0]['resumed_from'] == resumed_from and res[0]['sha'] == res[1]['sha'] == uninterrupted
+
 @pytest.fixture(scope='module')
 def uninterrupted(tmp_path_factory):
     root = tmp_path_factory.mktemp('full')/'run'
@@ -52,9 +58,7 @@ def test_sigterm_to_torchrun_stops_and_resumes(uninterrupted, tmp_path, delay):
     assert stopped < 10
     latest = (root/'models/ckpt/latest').read_text()
     assert '_iter_' in latest   # the checkpoint of the agreed batch, inside an epoch
-    assert finish(torchrun(root)) == 0
-    res = results(root)
-    assert res[0]['resumed_from'] == latest and res[0]['sha'] == res[1]['sha'] == uninterrupted
+    resumed_to_the_end(root, latest, uninterrupted)
 
 def test_stop_after_an_epochs_last_batch(uninterrupted, tmp_path):
     "The ranks agreed to stop after the last batch of an epoch: run again, that epoch has no batch left and only validates"
@@ -63,9 +67,7 @@ def test_stop_after_an_epochs_last_batch(uninterrupted, tmp_path):
     log = (tmp_path/'run.log').read_text()
     assert 'every rank stopped after batch 32 of epoch 0' in log, log[-2000:]
     assert (root/'models/ckpt/latest').read_text() == 'epoch_0000_iter_000032'
-    assert finish(torchrun(root)) == 0, (tmp_path/'run.log').read_text()[-3000:]
-    res = results(root)
-    assert res[0]['resumed_from'] == 'epoch_0000_iter_000032' and res[0]['sha'] == res[1]['sha'] == uninterrupted
+    resumed_to_the_end(root, 'epoch_0000_iter_000032', uninterrupted)
 
 def test_exception_on_every_rank_checkpoints(uninterrupted, tmp_path):
     "`on_exception=True`: a batch whose loss raises on every rank: a checkpoint of the batch before, the error raised on every rank, an exact resume"
@@ -76,9 +78,7 @@ def test_exception_on_every_rank_checkpoints(uninterrupted, tmp_path):
     assert 'terminate called' not in log, log[-3000:]  # no thread left to abort the exit
     assert 'every rank checkpointed batch 13 of epoch 1' in log, log[-3000:]  # 45 = 32 + 13 batches done
     assert (root/'models/ckpt/latest').read_text() == 'epoch_0001_iter_000013'
-    assert finish(torchrun(root)) == 0, (tmp_path/'run.log').read_text()[-3000:]
-    res = results(root)
-    assert res[0]['resumed_from'] == 'epoch_0001_iter_000013' and res[0]['sha'] == res[1]['sha'] == uninterrupted
+    resumed_to_the_end(root, 'epoch_0001_iter_000013', uninterrupted)
 
 def test_exception_on_one_rank_ends_the_run(uninterrupted, tmp_path):
     "The loss raises on rank 1 alone: the other rank cannot checkpoint with it; the run ends, the last scheduled checkpoint is kept and resumed"
@@ -90,9 +90,7 @@ def test_exception_on_one_rank_ends_the_run(uninterrupted, tmp_path):
     assert time.monotonic() - t < 90, log[-3000:]
     assert (root/'models/ckpt/latest').read_text() == 'epoch_0001'
     assert sorted(p.name for p in (root/'models/ckpt').iterdir()) == ['epoch_0001', 'latest']  # nothing half-made
-    assert finish(torchrun(root)) == 0, (tmp_path/'run.log').read_text()[-3000:]
-    res = results(root)
-    assert res[0]['resumed_from'] == 'epoch_0001' and res[0]['sha'] == res[1]['sha'] == uninterrupted
+    resumed_to_the_end(root, 'epoch_0001', uninterrupted)
 
 def test_sigusr1_on_one_rank_stops_every_rank(uninterrupted, tmp_path):
     "SLURM's --signal=USR1@90 reaches a rank's process: the other rank learns it through the store"
