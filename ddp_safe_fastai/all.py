@@ -6,7 +6,7 @@
 __all__ = []
 
 # %% ../nbs/99_all.ipynb #6d42282d
-from . import core, files, persist, distributed, learner, text, writers, callback, train_state, checkpoint_dir, signals, checkpoint
+from . import core, files, persist, distributed, learner, text, writers, callback, train_state, checkpoint_dir, object_store, signals, checkpoint
 from .core import *
 from .files import *
 from .persist import *
@@ -17,8 +17,9 @@ from .writers import *
 from .callback import *
 from .train_state import *
 from .checkpoint_dir import *
+from .object_store import *
 from .signals import *
 from .checkpoint import *
 
 __all__ = [*core.__all__, *files.__all__, *persist.__all__, *distributed.__all__, *learner.__all__, *text.__all__, *writers.__all__, *callback.__all__,
-           *train_state.__all__, *checkpoint_dir.__all__, *signals.__all__, *checkpoint.__all__]
+           *train_state.__all__, *checkpoint_dir.__all__, *object_store.__all__, *signals.__all__, *checkpoint.__all__]

@@ -14,6 +14,7 @@ from .core import *
 from .files import *
 from .persist import *
 from .checkpoint_dir import checkpoints_report
+from .object_store import ObjectStoreDir, is_url
 from .launch import spawn_ranks, RanksStalled
 
 # %% auto #0
@@ -365,6 +366,12 @@ def _dir_main(a):
     return int(rep is not None and not dir_is_fit(rep))
 
 def _inspect_main(a):
+    if is_url(a.path):  # a bucket's checkpoints, as `CheckpointCallback(fname=URL)` uploads them
+        try:
+            store = ObjectStoreDir(a.path)
+            if not store.exists(): print(f"{a.path}: nothing there (no such bucket, container or prefix)"); return 2
+            print(store.report()); return 0
+        except Exception as e: print(f"{a.path}: {describe(e)}"); return 2
     print(checkpoints_report(a.path))
     return 0 if Path(a.path).is_dir() else 2
 
@@ -380,7 +387,7 @@ def main(argv=None): # the arguments (default: the command line's)
     d.add_argument('path')
     d.add_argument('--nproc', type=int, default=2, help="local CPU ranks (default 2)")
     i = sub.add_parser('inspect', help="what a CheckpointCallback directory holds, and which checkpoint a resume takes")
-    i.add_argument('path', help="learn.path/learn.model_dir/fname (models/ckpt by default)")
+    i.add_argument('path', help="learn.path/learn.model_dir/fname (models/ckpt by default), or the URL of CheckpointCallback(fname=URL)")
     a = p.parse_args(argv)
     return dict(races=_races_main, dir=_dir_main, inspect=_inspect_main)[a.cmd](a)
 

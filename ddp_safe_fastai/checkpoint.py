@@ -16,6 +16,7 @@ from .persist import *
 from .learner import step_tensors, apply_model_state
 from .train_state import *
 from .checkpoint_dir import *
+from .object_store import ObjectStoreDir, is_url, cache_dir_name
 from .files import check_room, state_bytes
 from .signals import *
 from .distributed import fastai_defaults_kept
@@ -70,6 +71,11 @@ _exception_meeting = 10  # seconds: after an exception, how long a rank waits fo
 def _say(msg):
     if rank_distrib() == 0: print(f"CheckpointCallback: {msg}", flush=True)
 
+def _commit_and_upload(cd, store, name, files, info, keep, latest_tmp):
+    "On the main process (in the background with `async_save`): commit checkpoint `name` in `cd`, then upload it to `store`, if any"
+    cd.commit(name, files, info, latest_tmp, keep)
+    if store: store.upload(cd.root/name, keep=[c.name for c in cd.checkpoints()])
+
 def _stopped_early(learn):
     "Did an `EarlyStoppingCallback` of `learn` run out of patience?"
     return any(isinstance(cb, EarlyStoppingCallback) and cb.wait >= cb.patience for cb in learn.cbs)
@@ -78,7 +84,7 @@ class CheckpointCallback(Callback):
     "Save the whole training state every `every_epoch` epochs; resume from the latest complete checkpoint, on any world size"
     order = 1000 # the last: the state is taken once every other callback has seen the epoch (trackers, yours)
     def __init__(self,
-                 fname='ckpt', # directory in `learn.path/learn.model_dir`
+                 fname='ckpt', # directory in `learn.path/learn.model_dir`, or a URL of object storage (`s3://bucket/prefix`, any fsspec URL)
                  every_epoch=1, # save after every `every_epoch` epochs
                  every_iters=None, # also save every `every_iters` training batches within an epoch
                  every_minutes=None, # also save after the batch in which this many minutes passed since the last checkpoint
@@ -92,15 +98,19 @@ class CheckpointCallback(Callback):
                  scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
                  durable=True, # fsync every file and directory
                  async_save=True, # write in the background: training waits for a copy of all but the weights, copied meanwhile
-                 on_exception=False): # when the fit raises: a checkpoint of the last training batch done, if every rank can meet
+                 on_exception=False, # when the fit raises: a checkpoint of the last training batch done, if every rank can meet
+                 storage_options=None): # with a URL `fname`: the fsspec file system's options (endpoint, credentials), over those of the environment
         check_scope(scope)
         if every_minutes is not None and not (isinstance(every_minutes, (int, float)) and 0 < every_minutes < float('inf')):
             raise ValueError(f"CheckpointCallback(every_minutes={every_minutes!r}): a number of minutes, more than 0")
         store_attr()
+        self.store = ObjectStoreDir(fname, storage_options) if is_url(fname) else None  # checkpoints are uploaded there
         self.resumed_from,self.fit_no,self.epochs_before,self.within,self.watch,self.clock,self.tracked = None,-1,0,None,None,None,None
 
     @property
-    def root(self): return Path(self.learn.path)/self.learn.model_dir/self.fname
+    def root(self):
+        "The local directory of the checkpoints; with a URL, their copies before and after their upload"
+        return Path(self.learn.path)/self.learn.model_dir/(cache_dir_name(self.fname) if self.store else self.fname)
 
     @property
     def dir(self): return CheckpointDir(self.root, self.keep, self.durable, self.keep_best)
@@ -115,15 +125,41 @@ class CheckpointCallback(Callback):
         if self.fit_no >= 0: self.epochs_before += self.n_epochs_last
         self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
         self.clock = ClockDecision(self.every_minutes) if self.every_minutes else None
+        if self.store: self._check_store()
         if self.resume: self._resume()
         if self.stop_on_signal and threading.current_thread() is threading.main_thread(): # after a resume that may raise:
             self.watch = SignalWatch(self.learn, f"{run_prefix()}/stop/{self.fit_no}") # the fit's end closes it
 
+    def _check_store(self):
+        "Raise on every rank, naming the URL, if the main process cannot write to the object store"
+        why = None
+        if rank_distrib() == 0:
+            try: self.store.check()
+            except CheckpointError as e: why = str(e)
+        raise_failures(exchange(why, 'CheckpointCallback store'), f"CheckpointCallback(fname={self.fname!r})")
+
+    def _latest(self):
+        "On rank 0: (name, manifest) of the newest complete checkpoint, here or in the object store; (None, None) if none"
+        found = self.dir.latest()
+        here = (found.name, read_manifest(found)) if found else (None, None)
+        if not self.store: return here
+        there = self.store.latest()
+        return there if there[0] and (here[0] is None or training_position_of(*there) > training_position_of(*here)) else here
+
+    def _download(self, name):
+        "Every process that writes (rank 0, or each node's first) downloads checkpoint `name` unless it has it whole; failures on every rank"
+        why = None
+        if is_main_process(self.scope) and not is_complete(self.root/name):
+            try: self.store.download(name, self.root/name)
+            except CheckpointError as e: why = str(e)
+        raise_failures(exchange(why, 'CheckpointCallback download'), f"CheckpointCallback resume from {self.fname}")
+
     def _resume(self):
-        "The main process finds the latest complete checkpoint; every rank checks its format and follows"
-        found = self.dir.latest() if is_main_process(self.scope) else None
-        name,manifest = broadcast_object((found.name, read_manifest(found)) if found else (None, None),
-                                         what='CheckpointCallback resume')
+        "Rank 0 finds the latest complete checkpoint (here, or in the object store); every rank checks its format and follows"
+        try: found,why = self._latest() if rank_distrib() == 0 else (None, None),None
+        except CheckpointError as e: found,why = (None, None),str(e)
+        (name,manifest),why = broadcast_object((found, why), what='CheckpointCallback resume')
+        if why: raise CheckpointError(f"CheckpointCallback resume from {self.fname}: {why}")
         if name is None: return
         check_format(manifest, self.root/name)
         if manifest.get('fit', 0) < self.fit_no: return # one of an earlier fit: this fit starts afresh
@@ -131,6 +167,7 @@ class CheckpointCallback(Callback):
             _say(f"fit {self.fit_no} was done in an earlier run ({name} is of fit {manifest['fit']}): skipping it")
             self.learn.resume_epoch = self.n_epoch
             return
+        if self.store: self._download(name)
         self._restore(self.root/name, manifest)
         self.resumed_from = name
 
@@ -223,7 +260,7 @@ class CheckpointCallback(Callback):
                     fit=self.fit_no, world_size=world_size(), **({} if within else self._monitored()))
         # the commit is the write of `latest`: `save_on_main` runs it on the main process alone (in the background with
         # `async_save`), puts `latest` in place when it returns, and raises its failure on every rank
-        commit = partial(self.dir.commit, name, {'state.pth': state, 'rng.pth': list(rngs)}, info, keep={self.resumed_from})
+        commit = partial(_commit_and_upload, self.dir, self.store, name, {'state.pth': state, 'rng.pth': list(rngs)}, info, {self.resumed_from})
         save_on_main(self.root/'latest', commit, self.scope, self.durable, timeout, async_save=self.async_save and not timeout)
 
     def after_fit_raised(self, e):

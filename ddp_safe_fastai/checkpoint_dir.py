@@ -15,8 +15,9 @@ from .train_state import FORMAT
 
 # %% auto #0
 __all__ = ['checksum', 'write_manifest', 'read_manifest', 'why_incomplete', 'is_complete', 'CheckpointFormatError',
-           'check_format', 'training_position', 'monitored', 'checkpoint_name', 'CheckpointDir', 'latest_complete',
-           'inspect_checkpoints', 'checkpoints_report']
+           'check_format', 'training_position_of', 'training_position', 'monitored_in', 'monitored', 'checkpoint_name',
+           'CheckpointDir', 'latest_complete', 'checkpoint_row', 'inspect_checkpoints', 'checkpoints_table',
+           'checkpoints_report']
 
 # %% ../nbs/41_checkpoint_dir.ipynb #4cfcc347
 def _crc32(f, chunk):
@@ -80,17 +81,25 @@ def check_format(manifest, # the checkpoint's manifest
             f"this is ddp_safe_fastai {__version__}, which reads formats 1 to {FORMAT}: upgrade ddp_safe_fastai to resume from it")
 
 # %% ../nbs/41_checkpoint_dir.ipynb #b6fa7ca4
+def training_position_of(name, # a checkpoint's name (`checkpoint_name`)
+             manifest): # its manifest, or None
+    "How far the run had trained when checkpoint `name` was taken: (epochs of the script done, fraction of the next); no manifest: (-1, 0)"
+    if manifest is None: return (-1, 0.)
+    epoch,_,iter = name[len('epoch_'):].partition('_iter_')
+    return (int(epoch), manifest.get('epoch_fraction', int(iter or 0)*1e-9)) # format 1: one world size, batches in order
+
 def training_position(ckpt):
-    "How far the run had trained when `ckpt` was taken: (epochs of the script done, fraction of the next); incomplete: (-1, 0)"
-    m = read_manifest(ckpt)
-    if m is None: return (-1, 0.)
-    epoch,_,iter = ckpt.name[len('epoch_'):].partition('_iter_')
-    return (int(epoch), m.get('epoch_fraction', int(iter or 0)*1e-9)) # format 1: one world size, batches in order
+    "`training_position_of` the checkpoint directory `ckpt`"
+    return training_position_of(ckpt.name, read_manifest(ckpt))
+
+def monitored_in(manifest):
+    "The value of the metric monitored when a checkpoint was committed, and which way is better ('min' or 'max'), from its manifest; None if none"
+    m = (manifest or {}).get('monitor')
+    return (m['value'], m['mode']) if m and m['value'] == m['value'] else None  # NaN is never the best
 
 def monitored(ckpt):
-    "The value of the metric monitored when `ckpt` was committed, and which way is better ('min' or 'max'); None if none"
-    m = (read_manifest(ckpt) or {}).get('monitor')
-    return (m['value'], m['mode']) if m and m['value'] == m['value'] else None  # NaN is never the best
+    "`monitored_in` of the checkpoint directory `ckpt`"
+    return monitored_in(read_manifest(ckpt))
 
 def checkpoint_name(epoch, # epochs done in the whole script
                     iter=0): # batches done in the next epoch
@@ -161,14 +170,22 @@ def latest_complete(root):
 # %% ../nbs/41_checkpoint_dir.ipynb #05529657
 def _size(ckpt): return sum(p.stat().st_size for p in Path(ckpt).iterdir() if p.is_file())
 
-def _describe(ckpt, chosen, best):
-    m = read_manifest(ckpt) or {}
-    why = why_incomplete(ckpt)
+def checkpoint_row(name, # the checkpoint
+                   manifest, # its manifest, or None
+                   why, # why it is incomplete, or None
+                   nbytes, # the bytes of its files
+                   resume, # does a resume take it?
+                   best): # is it the best by its monitored metric?
+    "What `inspect_checkpoints` says of one checkpoint, wherever it is stored"
+    m = manifest or {}
     if why is None and m['format'] > FORMAT: why = f"format {m['format']}: newer than this release reads"
-    return dict(name=ckpt.name, complete=why is None, why=why, epoch=m.get('epoch'),
-                iter=m.get('iter', int(ckpt.name.split('_iter_')[1]) if '_iter_' in ckpt.name else 0), fit=m.get('fit'),
-                world_size=m.get('world_size'), format=m.get('format'), library=m.get('library'), bytes=_size(ckpt),
-                resume=ckpt == chosen, monitor=m.get('monitor'), best=ckpt == best)
+    return dict(name=name, complete=why is None, why=why, epoch=m.get('epoch'),
+                iter=m.get('iter', int(name.split('_iter_')[1]) if '_iter_' in name else 0), fit=m.get('fit'),
+                world_size=m.get('world_size'), format=m.get('format'), library=m.get('library'), bytes=nbytes,
+                resume=resume, monitor=m.get('monitor'), best=best)
+
+def _describe(ckpt, chosen, best):
+    return checkpoint_row(ckpt.name, read_manifest(ckpt), why_incomplete(ckpt), _size(ckpt), ckpt == chosen, ckpt == best)
 
 def inspect_checkpoints(root): # a `CheckpointCallback`'s directory: `learn.path/learn.model_dir/fname`
     "What each checkpoint under `root` is (the latest taken first, incomplete ones last), and which one a resume takes"
@@ -181,11 +198,11 @@ def _monitored_cell(row):
     m = row['monitor']
     return '-' if m is None else f"{m['value']:.5g}" + ('*' if row['best'] else ' ')
 
-def checkpoints_report(root):
-    "`inspect_checkpoints` as a table, with what `latest` says and what a resume would do"
-    if not Path(root).is_dir(): return f"{root}: no such directory"
-    rows = inspect_checkpoints(root)
-    lines = [f"{root}: {len(rows)} checkpoint(s); latest names {CheckpointDir(root).named_latest()!r}",
+def checkpoints_table(where, # the directory or URL
+                      named, # what its `latest` names
+                      rows): # `checkpoint_row`s, the latest taken first
+    "The checkpoints `rows` as a table, with what `latest` says and what a resume would do"
+    lines = [f"{where}: {len(rows)} checkpoint(s); latest names {named!r}",
              f"{'':2}{'checkpoint':24}{'epoch':>6}{'batch':>7}{'fit':>5}{'ranks':>7}{'format':>8}{'release':>9}{'MB':>9}{'monitored':>12}  state"]
     for r in rows:
         lines.append(f"{'->' if r['resume'] else '':2}{r['name']:24}{r['epoch']!s:>6}{r['iter']!s:>7}{r['fit']!s:>5}"
@@ -198,3 +215,8 @@ def checkpoints_report(root):
     lines.append(f"a resume takes {chosen['name']} (saved on {chosen['world_size']} rank(s))" if chosen else
                  "nothing to resume from: a run starts afresh")
     return '\n'.join(lines)
+
+def checkpoints_report(root):
+    "`inspect_checkpoints` as a table, with what `latest` says and what a resume would do"
+    if not Path(root).is_dir(): return f"{root}: no such directory"
+    return checkpoints_table(root, CheckpointDir(root).named_latest(), inspect_checkpoints(root))

@@ -84,3 +84,32 @@ def hosts_apart(tmp_path):
         yield mnt, disks, prefix, f"{net}.1", {'GLOO_SOCKET_IFNAME': 'eth0'}
     finally:
         for n in ns: subprocess.run(['ip', 'netns', 'del', n], capture_output=True)  # its end of the veth pair goes too
+
+class Swift:
+    "An OpenStack Swift with its S3 API on 127.0.0.1 (tools/swift.sh): the environment s3fs reads, a bucket per test, its proxy stopped and started"
+    def __init__(self, dir): self.dir,self.endpoint = Path(dir),Path(dir, 'endpoint').read_text().strip()
+    @property
+    def env(self): return dict(AWS_ENDPOINT_URL=self.endpoint, AWS_ACCESS_KEY_ID='test:tester', AWS_SECRET_ACCESS_KEY='testing',
+                               AWS_DEFAULT_REGION='us-east-1')
+    def fs(self):
+        import s3fs
+        return s3fs.S3FileSystem(endpoint_url=self.endpoint, key='test:tester', secret='testing', skip_instance_cache=True)
+    def bucket(self):
+        "A new, empty bucket"
+        import secrets
+        name = f"ddpsafe{secrets.token_hex(4)}"
+        self.fs().mkdir(name)
+        return name
+    def _tool(self, cmd): subprocess.run([str(Path(__file__).parent.parent/'tools'/'swift.sh'), cmd, str(self.dir)], check=True, capture_output=True)
+    def stop_proxy(self): self._tool('proxy-stop')
+    def start_proxy(self): self._tool('proxy-start')
+
+@pytest.fixture(scope='session')
+def swift(tmp_path_factory):
+    "The Swift that tools/test.sh started for the run (DDP_SAFE_SWIFT_DIR), or one of this session's, stopped at its end"
+    if os.environ.get('DDP_SAFE_SWIFT_DIR'): yield Swift(os.environ['DDP_SAFE_SWIFT_DIR']); return
+    d = tmp_path_factory.mktemp('swift')
+    tool = str(Path(__file__).parent.parent/'tools'/'swift.sh')
+    subprocess.run([tool, 'start', str(d)], check=True)
+    try: yield Swift(d)
+    finally: subprocess.run([tool, 'stop', str(d)])

@@ -1,0 +1,158 @@
+"""Checkpoints in object storage (nbs/41a_object_store.ipynb, nbs/43_checkpoint.ipynb): `CheckpointCallback` with an
+`s3://` URL against a real OpenStack Swift with its S3 API (tools/swift.sh), on 2 ranks under torchrun: uploads, a resume
+on a machine whose disk was wiped, the store's faults. The rank-side functions are the first in this file"""
+import os, time, shutil, subprocess, sys
+from pathlib import Path
+import torch
+from fastai.basics import Callback
+from ddp_safe_fastai.all import *
+from ddp_safe_fastai.launch import torchrun_ranks
+from ddp_safe_fastai.testing import synth_learner
+from conftest import values
+
+class KillAfter(Callback):
+    "Once epoch `epoch` is checkpointed and uploaded, say so in the file `marker` and wait to be killed"
+    order = CheckpointCallback.order+1
+    def __init__(self, epoch, marker): self.epoch_killed,self.marker = epoch,marker
+    def after_epoch(self):
+        if self.epoch == self.epoch_killed: flush_saves(); Path(self.marker).touch(); time.sleep(120)
+
+def weights(learn): return [p.detach().clone() for p in learn.model.parameters()]
+
+def fit_to(root, url, n_epoch=4, kill_after=None, storage_options=None):
+    "`n_epoch` epochs checkpointed to `url`, killed after epoch `kill_after` if given: the weights, what the callback resumed from"
+    learn = synth_learner(n=128, path=Path(root), seed=5)
+    ckpt = CheckpointCallback(url, storage_options=storage_options)
+    kill = [KillAfter(kill_after, Path(root)/'killed')] if kill_after is not None else []
+    with learn.distrib_ctx(): learn.fit(n_epoch, 0.02, cbs=[ckpt, *kill])
+    return dict(weights=weights(learn), resumed_from=ckpt.resumed_from, local=sorted(p.name for p in (Path(root)/'models'/cache_dir_name(url)).iterdir()))
+
+def test_resume_from_the_bucket_on_a_wiped_disk(tmp_path, swift):
+    """Checkpoints reach the bucket in a directory's layout; the run dies, its disk is wiped, and the run started again
+    (2 ranks, then 1) resumes from the bucket and ends with the uninterrupted run's weights"""
+    url = f"s3://{swift.bucket()}/run1"
+    whole = values(torchrun_ranks(fit_to, str(tmp_path/'whole'), f"s3://{swift.bucket()}/whole", init=False, timeout=240, env=swift.env))
+    killed = lambda: (tmp_path/'a'/'killed').exists()
+    assert torchrun_ranks(fit_to, str(tmp_path/'a'), url, 4, 1, init=False, timeout=240, env=swift.env, kill_when=killed) is None
+    fs = swift.fs()
+    assert sorted(p.rsplit('/', 1)[-1] for p in fs.ls(url[5:], refresh=True)) == ['epoch_0001', 'epoch_0002', 'latest']
+    assert fs.cat_file(url[5:]+'/latest') == b'epoch_0002'
+    assert sorted(p.rsplit('/', 1)[-1] for p in fs.ls(url[5:]+'/epoch_0002')) == ['manifest.json', 'rng.pth', 'state.pth']
+    inspect = subprocess.run([sys.executable, '-m', 'ddp_safe_fastai.check', 'inspect', url], capture_output=True, text=True,
+                             env={**os.environ, **swift.env}, timeout=60)
+    assert inspect.returncode == 0 and f"{url}: 2 checkpoint(s); latest names 'epoch_0002'" in inspect.stdout, inspect
+    assert "a resume takes epoch_0002 (saved on 2 rank(s))" in inspect.stdout, inspect.stdout
+    shutil.rmtree(tmp_path/'a')  # the machine is gone; a new one has an empty disk
+    r0,r1 = values(torchrun_ranks(fit_to, str(tmp_path/'a'), url, init=False, timeout=240, env=swift.env))
+    assert r0['local'] == r1['local']
+    assert r0['resumed_from'] == r1['resumed_from'] == 'epoch_0002'
+    for w,v in zip(r0['weights'], whole[0]['weights']): assert torch.equal(w, v)  # bit for bit the uninterrupted run
+    assert fs.cat_file(url[5:]+'/latest') == b'epoch_0004'
+    # the bucket keeps what the local directory keeps: the newest 2, and the checkpoint this run resumed from
+    assert sorted(p.rsplit('/', 1)[-1] for p in fs.ls(url[5:], refresh=True)) == r0['local'] == ['epoch_0002', 'epoch_0003', 'epoch_0004', 'latest']
+    shutil.rmtree(tmp_path/'a')  # again, on a machine of 1 process
+    (r,) = values(torchrun_ranks(fit_to, str(tmp_path/'a'), url, 5, nproc=1, init=False, timeout=240, env=swift.env))
+    assert r['resumed_from'] == 'epoch_0004'
+
+def faults(root, urls_and_options):
+    "A fit checkpointing to each (url, storage_options): what each rank raised, and how long it took"
+    out = []
+    for url,opts in urls_and_options:
+        learn,start = synth_learner(path=Path(root)),time.monotonic()
+        try:
+            with learn.distrib_ctx(): learn.fit(1, cbs=CheckpointCallback(url, storage_options=opts))
+            out.append((None, time.monotonic()-start))
+        except CheckpointError as e: out.append((str(e), time.monotonic()-start))
+    return out
+
+def test_store_faults_fail_at_the_start(tmp_path, swift):
+    """An endpoint that does not answer, a bucket that does not exist, refused credentials: one error on every rank as the
+    fit starts, naming the URL and what is wrong, within seconds; nothing is written"""
+    from ddp_safe_fastai.launch import free_port
+    bucket = swift.bucket()
+    cases = [(f"s3://{bucket}/run", dict(endpoint_url=f"http://127.0.0.1:{free_port()}")),
+             ("s3://nosuchbucket123/run", None),
+             (f"s3://{bucket}/run", dict(key='test:tester', secret='wrong'))]
+    r0,r1 = values(torchrun_ranks(faults, str(tmp_path), cases, init=False, timeout=240, env=swift.env))
+    for (m0,t0),(m1,t1),(url,_),want in zip(r0, r1, cases, ['its endpoint does not answer (EndpointConnectionError: Could not connect', 'the bucket (or container) does not exist', 'the credentials were refused (PermissionError']):
+        assert m0 == m1 and m0 is not None, (m0, m1)
+        assert f"CheckpointCallback(fname='{url}')" in m0 and f"{url} cannot be written" in m0, m0
+        assert any(w in m0 for w in want.split('|')), m0
+        assert t0 < 20, (url, t0)
+    assert not (tmp_path/'models').exists() or not any((tmp_path/'models').rglob('epoch_*'))
+    assert swift.fs().ls(bucket, refresh=True) == []
+
+class SlowBatches(Callback):
+    "Each training batch takes `delay` seconds longer: the run outlasts the store's absence"
+    def __init__(self, delay): self.delay = delay
+    def after_batch(self):
+        if self.training: time.sleep(self.delay)
+
+def fit_slowly(root, url, n_epoch):
+    "`n_epoch` epochs of 16 slowed batches checkpointed to `url`: the weights, or the error each rank raised"
+    learn = synth_learner(n=128, path=Path(root), seed=5)
+    try:
+        with learn.distrib_ctx(): learn.fit(n_epoch, 0.02, cbs=[CheckpointCallback(url), SlowBatches(0.1)])
+    except CheckpointError as e: return dict(error=str(e), epoch=learn.epoch)
+    return dict(weights=weights(learn), error=None)
+
+def uploaded(cache, name):
+    "Has checkpoint `name` been uploaded whole? The local `latest` names it once it has"
+    f = Path(cache)/'latest'
+    return f.is_file() and f.read_text() == name
+
+class AwayWhile:
+    "Polled while the ranks run: stop Swift's proxy once `when()`, start it again `away` seconds later (never if None)"
+    def __init__(self, swift, when, away): self.swift,self.when,self.away,self.stopped = swift,when,away,None
+    def __call__(self):
+        if self.stopped is None and self.when(): self.swift.stop_proxy(); self.stopped = time.monotonic()
+        elif self.stopped and self.away is not None and time.monotonic() - self.stopped > self.away: self.swift.start_proxy(); self.away = None
+        return False
+
+def test_store_away_for_a_while(tmp_path, swift):
+    "The store stops answering during the run and comes back 10 s later: the uploads retry, the run ends, its last checkpoint in the bucket"
+    url = f"s3://{swift.bucket()}/run"
+    away = AwayWhile(swift, lambda: (tmp_path/'models'/cache_dir_name(url)/'epoch_0001'/'manifest.json').exists(), 10)  # its upload under way
+    r0,r1 = values(torchrun_ranks(fit_slowly, str(tmp_path), url, 6, init=False, timeout=240, env=swift.env, kill_when=away))
+    assert r0['error'] is None and r1['error'] is None and away.away is None
+    fs = swift.fs()
+    assert fs.cat_file(url[5:]+'/latest') == b'epoch_0006'
+    assert sorted(p.rsplit('/', 1)[-1] for p in fs.ls(url[5:], refresh=True)) == ['epoch_0005', 'epoch_0006', 'latest']
+
+def test_store_gone_fails_at_the_next_commit(tmp_path, swift):
+    """The store stops answering for good: the failed upload is raised on every rank at the next checkpoint, naming the
+    URL; the local checkpoints are kept; once the store is back, a run on a new machine resumes from the bucket's last"""
+    url = f"s3://{swift.bucket()}/run"
+    cache = tmp_path/'a'/'models'/cache_dir_name(url)
+    away = AwayWhile(swift, lambda: uploaded(cache, 'epoch_0001'), None)
+    try: outs = torchrun_ranks(fit_slowly, str(tmp_path/'a'), url, 6, init=False, timeout=240, env={**swift.env, 'DDP_SAFE_UPLOAD_RETRY': '3'}, kill_when=away)
+    finally: swift.start_proxy()
+    r0,r1 = values(outs)
+    assert r0['error'] == r1['error'] and r0['error'] is not None, (r0, r1)
+    assert "upload " in r0['error'] and url in r0['error'] and 'still after retrying for 3s' in r0['error'], r0['error']
+    assert is_complete(cache/'epoch_0002'), sorted(p.name for p in cache.iterdir())  # kept, though not uploaded
+    shutil.rmtree(tmp_path/'a')
+    r0,r1 = values(torchrun_ranks(fit_to, str(tmp_path/'a'), url, 3, init=False, timeout=240, env=swift.env))
+    assert r0['resumed_from'] == r1['resumed_from'] == 'epoch_0001'
+
+def fit_with_ballast(root, url, n_epoch):
+    "`n_epoch` epochs checkpointed to `url`, the model carrying 64 MiB of ballast: each upload takes a while"
+    learn = synth_learner(n=128, path=Path(root), seed=5)
+    learn.model.register_buffer('ballast', torch.zeros(2**24))
+    ckpt = CheckpointCallback(url)
+    with learn.distrib_ctx(): learn.fit(n_epoch, 0.02, cbs=[ckpt, SlowBatches(0.05)])
+    return dict(resumed_from=ckpt.resumed_from)
+
+def test_kill_during_an_upload(tmp_path, swift):
+    "The run is killed while a checkpoint uploads: the bucket's copy of it is never taken; a new machine resumes from the one before"
+    url = f"s3://{swift.bucket()}/run"
+    cache = tmp_path/'a'/'models'/cache_dir_name(url)
+    assert torchrun_ranks(fit_with_ballast, str(tmp_path/'a'), url, 4, init=False, timeout=240, env=swift.env,
+                          kill_when=lambda: (cache/'epoch_0002'/'manifest.json').exists()) is None  # committed here: its upload starts
+    fs = swift.fs()
+    assert fs.cat_file(url[5:]+'/latest') == b'epoch_0001'
+    assert not fs.exists(url[5:]+'/epoch_0002/manifest.json')
+    shutil.rmtree(tmp_path/'a')
+    r0,r1 = values(torchrun_ranks(fit_with_ballast, str(tmp_path/'a'), url, 3, init=False, timeout=240, env=swift.env))
+    assert r0['resumed_from'] == r1['resumed_from'] == 'epoch_0001'
+    assert fs.cat_file(url[5:]+'/latest') == b'epoch_0003'
