@@ -26,7 +26,10 @@ def cache_dir_name(url):
 
 # %% ../nbs/41a_object_store.ipynb #8cf2b620
 _retry_default = 300  # seconds an upload goes on trying, unless the ranks' timeout is shorter
-_permanent = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)  # retrying changes nothing
+def _permanent(e):
+    "Is the failure `e` one that retrying does not mend: a missing bucket or file, refused credentials?"
+    # fsspec's backends raise OSErrors for most; Azure's SDK raises its own, with the HTTP status
+    return isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)) or getattr(e, 'status_code', None) in (401, 403, 404)
 
 def retrying(f, # what to do: no arguments
              what, # the operation, for the message
@@ -35,8 +38,8 @@ def retrying(f, # what to do: no arguments
     end,pause = time.monotonic() + retry_for,1
     while True:
         try: return f()
-        except _permanent as e: raise CheckpointError(f"{what}: {describe(e)}") from e
         except Exception as e:
+            if _permanent(e): raise CheckpointError(f"{what}: {describe(e)}") from e
             if time.monotonic() + pause > end:
                 raise CheckpointError(f"{what}: {describe(e)} (still after retrying for {retry_for:g}s)") from e
         time.sleep(pause); pause = min(2*pause, 30)
@@ -52,10 +55,11 @@ def _merged(defaults, given):
 
 def _why_unwritable(e):
     "What the failure `e` of a write to a store means, in words"
-    if isinstance(e, PermissionError): return f"the credentials were refused ({describe(e)})"
-    if isinstance(e, FileNotFoundError): return f"the bucket (or container) does not exist ({describe(e)})"
-    if isinstance(e, (ConnectionError, TimeoutError)) or 'Connect' in type(e).__name__: return f"its endpoint does not answer ({describe(e)})"
-    return describe(e)
+    status,first = getattr(e, 'status_code', None),describe(e).split('\n')[0]
+    if isinstance(e, PermissionError) or status in (401, 403): return f"the credentials were refused ({first})"
+    if isinstance(e, FileNotFoundError) or status == 404: return f"the bucket (or container) does not exist ({first})"
+    if isinstance(e, (ConnectionError, TimeoutError)) or 'Connect' in type(e).__name__: return f"its endpoint does not answer ({first})"
+    return first
 
 class ObjectStoreDir:
     "The checkpoints under `url`, in a `CheckpointDir`'s layout: uploaded from, and downloaded to, local directories"

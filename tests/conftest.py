@@ -87,6 +87,7 @@ def hosts_apart(tmp_path):
 
 class Swift:
     "An OpenStack Swift with its S3 API on 127.0.0.1 (tools/swift.sh): the environment s3fs reads, a bucket per test, its proxy stopped and started"
+    scheme = 's3'
     def __init__(self, dir): self.dir,self.endpoint = Path(dir),Path(dir, 'endpoint').read_text().strip()
     @property
     def env(self): return dict(AWS_ENDPOINT_URL=self.endpoint, AWS_ACCESS_KEY_ID='test:tester', AWS_SECRET_ACCESS_KEY='testing',
@@ -104,12 +105,34 @@ class Swift:
     def stop_proxy(self): self._tool('proxy-stop')
     def start_proxy(self): self._tool('proxy-start')
 
+
+class Azurite:
+    "Azure's storage emulator on 127.0.0.1 (tools/azurite.sh): the environment adlfs reads, a container per test"
+    scheme = 'az'
+    def __init__(self, dir): self.dir,self.connection = Path(dir),Path(dir, 'connection_string').read_text().strip()
+    @property
+    def env(self): return dict(AZURE_STORAGE_CONNECTION_STRING=self.connection)
+    def fs(self):
+        import adlfs
+        return adlfs.AzureBlobFileSystem(connection_string=self.connection, skip_instance_cache=True)
+    def bucket(self):
+        "A new, empty container"
+        import secrets
+        name = f"ddpsafe{secrets.token_hex(4)}"
+        self.fs().mkdir(name)
+        return name
+
+def _server(tool, env_var, make, tmp_path_factory):
+    "The server that tools/test.sh started for the run (its directory in `env_var`), or one of this session's, stopped at its end"
+    if os.environ.get(env_var): yield make(os.environ[env_var]); return
+    d = tmp_path_factory.mktemp(tool)
+    script = str(Path(__file__).parent.parent/'tools'/f'{tool}.sh')
+    subprocess.run([script, 'start', str(d)], check=True)
+    try: yield make(d)
+    finally: subprocess.run([script, 'stop', str(d)])
+
 @pytest.fixture(scope='session')
-def swift(tmp_path_factory):
-    "The Swift that tools/test.sh started for the run (DDP_SAFE_SWIFT_DIR), or one of this session's, stopped at its end"
-    if os.environ.get('DDP_SAFE_SWIFT_DIR'): yield Swift(os.environ['DDP_SAFE_SWIFT_DIR']); return
-    d = tmp_path_factory.mktemp('swift')
-    tool = str(Path(__file__).parent.parent/'tools'/'swift.sh')
-    subprocess.run([tool, 'start', str(d)], check=True)
-    try: yield Swift(d)
-    finally: subprocess.run([tool, 'stop', str(d)])
+def swift(tmp_path_factory): yield from _server('swift', 'DDP_SAFE_SWIFT_DIR', Swift, tmp_path_factory)
+
+@pytest.fixture(scope='session')
+def azurite(tmp_path_factory): yield from _server('azurite', 'DDP_SAFE_AZURITE_DIR', Azurite, tmp_path_factory)

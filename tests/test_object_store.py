@@ -3,7 +3,7 @@
 on a machine whose disk was wiped, the store's faults. The rank-side functions are the first in this file"""
 import os, time, shutil, subprocess, sys
 from pathlib import Path
-import torch
+import pytest, torch
 from fastai.basics import Callback
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.launch import torchrun_ranks
@@ -27,31 +27,42 @@ def fit_to(root, url, n_epoch=4, kill_after=None, storage_options=None):
     with learn.distrib_ctx(): learn.fit(n_epoch, 0.02, cbs=[ckpt, *kill])
     return dict(weights=weights(learn), resumed_from=ckpt.resumed_from, local=sorted(p.name for p in (Path(root)/'models'/cache_dir_name(url)).iterdir()))
 
-def test_resume_from_the_bucket_on_a_wiped_disk(tmp_path, swift):
-    """Checkpoints reach the bucket in a directory's layout; the run dies, its disk is wiped, and the run started again
+@pytest.fixture(params=['swift', 'azurite'])
+def store(request):
+    "A real object store: OpenStack Swift's S3 API (s3fs), or Azure's emulator (adlfs)"
+    return request.getfixturevalue(request.param)
+
+def listed(fs, path):
+    "The names under `path` as the store lists them now (fsspec caches listings)"
+    fs.invalidate_cache()
+    return sorted(p.rstrip('/').rsplit('/', 1)[-1] for p in fs.ls(path))
+
+def test_resume_from_the_bucket_on_a_wiped_disk(tmp_path, store):
+    """Checkpoints reach the bucket in a directory's layout; the run is killed, its disk wiped, and the run started again
     (2 ranks, then 1) resumes from the bucket and ends with the uninterrupted run's weights"""
-    url = f"s3://{swift.bucket()}/run1"
-    whole = values(torchrun_ranks(fit_to, str(tmp_path/'whole'), f"s3://{swift.bucket()}/whole", init=False, timeout=240, env=swift.env))
+    bucket = store.bucket()
+    url,path = f"{store.scheme}://{bucket}/run1",f"{bucket}/run1"
+    whole = values(torchrun_ranks(fit_to, str(tmp_path/'whole'), f"{store.scheme}://{bucket}/whole", init=False, timeout=240, env=store.env))
     killed = lambda: (tmp_path/'a'/'killed').exists()
-    assert torchrun_ranks(fit_to, str(tmp_path/'a'), url, 4, 1, init=False, timeout=240, env=swift.env, kill_when=killed) is None
-    fs = swift.fs()
-    assert sorted(p.rsplit('/', 1)[-1] for p in fs.ls(url[5:], refresh=True)) == ['epoch_0001', 'epoch_0002', 'latest']
-    assert fs.cat_file(url[5:]+'/latest') == b'epoch_0002'
-    assert sorted(p.rsplit('/', 1)[-1] for p in fs.ls(url[5:]+'/epoch_0002')) == ['manifest.json', 'rng.pth', 'state.pth']
+    assert torchrun_ranks(fit_to, str(tmp_path/'a'), url, 4, 1, init=False, timeout=240, env=store.env, kill_when=killed) is None
+    fs = store.fs()
+    assert listed(fs, path) == ['epoch_0001', 'epoch_0002', 'latest']
+    assert fs.cat_file(path+'/latest') == b'epoch_0002'
+    assert listed(fs, path+'/epoch_0002') == ['manifest.json', 'rng.pth', 'state.pth']
     inspect = subprocess.run([sys.executable, '-m', 'ddp_safe_fastai.check', 'inspect', url], capture_output=True, text=True,
-                             env={**os.environ, **swift.env}, timeout=60)
+                             env={**os.environ, **store.env}, timeout=60)
     assert inspect.returncode == 0 and f"{url}: 2 checkpoint(s); latest names 'epoch_0002'" in inspect.stdout, inspect
     assert "a resume takes epoch_0002 (saved on 2 rank(s))" in inspect.stdout, inspect.stdout
     shutil.rmtree(tmp_path/'a')  # the machine is gone; a new one has an empty disk
-    r0,r1 = values(torchrun_ranks(fit_to, str(tmp_path/'a'), url, init=False, timeout=240, env=swift.env))
+    r0,r1 = values(torchrun_ranks(fit_to, str(tmp_path/'a'), url, init=False, timeout=240, env=store.env))
     assert r0['local'] == r1['local']
     assert r0['resumed_from'] == r1['resumed_from'] == 'epoch_0002'
     for w,v in zip(r0['weights'], whole[0]['weights']): assert torch.equal(w, v)  # bit for bit the uninterrupted run
-    assert fs.cat_file(url[5:]+'/latest') == b'epoch_0004'
+    assert fs.cat_file(path+'/latest') == b'epoch_0004'
     # the bucket keeps what the local directory keeps: the newest 2, and the checkpoint this run resumed from
-    assert sorted(p.rsplit('/', 1)[-1] for p in fs.ls(url[5:], refresh=True)) == r0['local'] == ['epoch_0002', 'epoch_0003', 'epoch_0004', 'latest']
+    assert listed(fs, path) == r0['local'] == ['epoch_0002', 'epoch_0003', 'epoch_0004', 'latest']
     shutil.rmtree(tmp_path/'a')  # again, on a machine of 1 process
-    (r,) = values(torchrun_ranks(fit_to, str(tmp_path/'a'), url, 5, nproc=1, init=False, timeout=240, env=swift.env))
+    (r,) = values(torchrun_ranks(fit_to, str(tmp_path/'a'), url, 5, nproc=1, init=False, timeout=240, env=store.env))
     assert r['resumed_from'] == 'epoch_0004'
 
 def faults(root, urls_and_options):
@@ -117,7 +128,7 @@ def test_store_away_for_a_while(tmp_path, swift):
     assert r0['error'] is None and r1['error'] is None and away.away is None
     fs = swift.fs()
     assert fs.cat_file(url[5:]+'/latest') == b'epoch_0006'
-    assert sorted(p.rsplit('/', 1)[-1] for p in fs.ls(url[5:], refresh=True)) == ['epoch_0005', 'epoch_0006', 'latest']
+    assert listed(fs, url[5:]) == ['epoch_0005', 'epoch_0006', 'latest']
 
 def test_store_gone_fails_at_the_next_commit(tmp_path, swift):
     """The store stops answering for good: the failed upload is raised on every rank at the next checkpoint, naming the

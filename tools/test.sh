@@ -23,9 +23,9 @@ tools/lint.sh
 echo "== packaging (in the background; its output follows the tests): sdist and wheel built, twine-checked, installed outside the repository, README example run"
 package_log=$(mktemp /tmp/ddp_safe_package.XXXXXX)
 setsid tools/package.sh > "$package_log" 2>&1 & package=$!
-slurm_dir=; swift_dir=
+slurm_dir=; swift_dir=; azurite_dir=
 cleanup() { [ -z "$slurm_dir" ] || tools/slurm.sh stop "$slurm_dir"; [ -z "$swift_dir" ] || tools/swift.sh stop "$swift_dir"
-            kill -- -$package 2>/dev/null || true; }
+            [ -z "$azurite_dir" ] || tools/azurite.sh stop "$azurite_dir"; kill -- -$package 2>/dev/null || true; }
 trap cleanup EXIT
 echo "== dev: notebooks run and rendered with their outputs (the documentation site, _docs/)"
 tools/docs.sh
@@ -38,10 +38,11 @@ echo "== SLURM: a one-node cluster for the tests of srun and requeue (stopped an
 slurm_dir=$(mktemp -d /tmp/ddp_safe_slurm.XXXXXX)
 tools/slurm.sh start "$slurm_dir"
 export SLURM_CONF=$slurm_dir/slurm.conf
-echo "== object storage: OpenStack Swift with its S3 API on 127.0.0.1, for the tests of checkpoints in a bucket (stopped and removed whatever the outcome)"
-swift_dir=$(mktemp -d /tmp/ddp_safe_swift.XXXXXX)
+echo "== object storage: OpenStack Swift with its S3 API, and Azure's emulator azurite, on 127.0.0.1, for the tests of checkpoints in a bucket (stopped and removed whatever the outcome)"
+swift_dir=$(mktemp -d /tmp/ddp_safe_swift.XXXXXX); azurite_dir=$(mktemp -d /tmp/ddp_safe_azurite.XXXXXX)
 tools/swift.sh start "$swift_dir"
-export DDP_SAFE_SWIFT_DIR=$swift_dir
+tools/azurite.sh start "$azurite_dir"
+export DDP_SAFE_SWIFT_DIR=$swift_dir DDP_SAFE_AZURITE_DIR=$azurite_dir
 echo "== latest: behavioural tests"
 (cd tests && ../.venv-latest/bin/python -m pytest "${pytest_args[@]}")
 echo "== packaging: its output"
