@@ -11,6 +11,7 @@ with fastai_defaults_kept(): from fastai.callback.tracker import SaveModelCallba
 from .core import *
 from .persist import flush_saves, check_not_replaced
 from .learner import *
+from .files import is_url, local_copy_name
 
 # %% auto #0
 __all__ = ['SafeSaveModelCallback']
@@ -22,17 +23,20 @@ class SafeSaveModelCallback(SaveModelCallback):
         monitor='valid_loss', # value (usually loss or metric) being monitored.
         comp=None, # numpy comparison operator; np.less if monitor is loss, np.greater if monitor is metric.
         min_delta=0., # minimum delta between the last monitor value and the best monitor value.
-        fname='model', # model name to be used when saving model.
+        fname='model', # model name to be used when saving model; or a URL of object storage (`s3://bucket/key`), to which the `.pth` file is uploaded too
         every_epoch=False, # if true, save model after every epoch; else save only when model is better than existing best.
         at_end=False, # if true, save model when training ends; else load best model if there is only one saved model.
         with_opt=False, # if true, save optimizer state (if any available) when saving model. 
         reset_on_fit=True, # before model fitting, reset value being monitored to -infinity (if monitor is metric) or +infinity (if monitor is loss).
         scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
         async_save=True, # write in the background: training waits only for a copy in host memory
+        storage_options=None, # with a URL `fname`: the fsspec file system's options (endpoint, credentials)
     ):
         super().__init__(monitor, comp, min_delta, fname, every_epoch, at_end, with_opt, reset_on_fit)
         check_scope(scope)
-        store_attr('scope,async_save')
+        store_attr('scope,async_save,storage_options')
+        # with a URL, the model is saved under a local name and uploaded; the end-of-fit reload reads the local copy
+        self.url,self.fname = (fname,local_copy_name(fname)) if is_url(fname) else (None,fname)
 
     def before_fit(self):
         "Prepare the monitored value; nothing is saved in this fit yet"
@@ -41,7 +45,8 @@ class SafeSaveModelCallback(SaveModelCallback):
 
     def _save(self, name):
         self.last_saved_path = self.saved_in_fit = self.learn.save(name, with_opt=self.with_opt, scope=self.scope,
-                                                                   async_save=self.async_save)
+            async_save=self.async_save, storage_options=self.storage_options,
+            upload_to=self.url + name[len(self.fname):] + '.pth' if self.url else None)  # `every_epoch` adds `_{epoch}`
 
     def after_epoch(self):
         "Decide on rank 0 whether the model is the best so far, and save it if so (or every `every_epoch` epochs)"

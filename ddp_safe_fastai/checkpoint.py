@@ -16,7 +16,8 @@ from .persist import *
 from .learner import step_tensors, apply_model_state
 from .train_state import *
 from .checkpoint_dir import *
-from .object_store import ObjectStoreDir, is_url, cache_dir_name
+from .files import is_url, local_copy_name
+from .object_store import ObjectStoreDir
 from .files import check_room, state_bytes
 from .signals import *
 from .distributed import fastai_defaults_kept
@@ -110,7 +111,7 @@ class CheckpointCallback(Callback):
     @property
     def root(self):
         "The local directory of the checkpoints; with a URL, their copies before and after their upload"
-        return Path(self.learn.path)/self.learn.model_dir/(cache_dir_name(self.fname) if self.store else self.fname)
+        return Path(self.learn.path)/self.learn.model_dir/(local_copy_name(self.fname) if self.store else self.fname)
 
     @property
     def dir(self): return CheckpointDir(self.root, self.keep, self.durable, self.keep_best)

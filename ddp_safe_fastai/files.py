@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_files.ipynb #e604bb33
 from __future__ import annotations
-import os, sys, glob, time, ctypes, secrets, shutil, socket, threading
+import os, re, sys, glob, time, ctypes, secrets, shutil, socket, threading
 from contextlib import suppress
 from pathlib import Path
 import torch
@@ -13,7 +13,8 @@ try: import fcntl
 except ImportError: fcntl = None  # Windows: no file locks
 
 # %% auto #0
-__all__ = ['flush_to_disk', 'wait_for_closes', 'writer_of', 'state_bytes', 'check_room', 'atomic_write', 'atomic_torch_save']
+__all__ = ['flush_to_disk', 'wait_for_closes', 'writer_of', 'state_bytes', 'check_room', 'atomic_write', 'atomic_torch_save',
+           'is_url', 'local_copy_name']
 
 # %% ../nbs/01_files.ipynb #a43091df
 def flush_to_disk(path, directory=False, strict=False):
@@ -175,6 +176,7 @@ def _write_and_swap(file, write, durable):
         swapped = _swap_in(tmp, file)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, CheckpointError): raise  # a check or an upload inside `write`: it says what failed
         if isinstance(e, Exception):
             raise CheckpointError(f"could not write {file}: {describe(e)} ({_free_space(file)}; the previous "
                                   f"file, if any, is intact)") from e
@@ -186,3 +188,13 @@ def _write_and_swap(file, write, durable):
 def atomic_torch_save(obj, file, durable=True, **torch_save_kwargs):
     "`torch.save(obj, file, **torch_save_kwargs)`, atomically: the previous `file` survives any failure"
     return atomic_write(file, lambda tmp: torch.save(obj, tmp, **torch_save_kwargs), durable, state_bytes(obj))
+
+# %% ../nbs/01_files.ipynb #c4a1e0f3
+def is_url(fname):
+    "Does `fname` name object storage (`s3://bucket/prefix`, `az://...`, any fsspec URL but `file://`), not a local path?"
+    return isinstance(fname, str) and re.match(r'^[a-zA-Z][a-zA-Z0-9+.-]*://', fname) is not None and not fname.startswith('file://')
+
+# %% ../nbs/01_files.ipynb #c4a1e0f5
+def local_copy_name(url):
+    "The name of the local copy of `url` (a directory of checkpoints, a file): its scheme, bucket and key, made one name"
+    return re.sub(r'[^A-Za-z0-9._-]+', '_', url.rstrip('/'))

@@ -16,6 +16,7 @@ from fastai.data.core import DataLoaders
 from fastai.learner import Learner
 from .core import *
 from .persist import *
+from .files import is_url, local_copy_name
 from .distributed import fastai_original, rebind_fastai
 
 # %% auto #0
@@ -126,11 +127,12 @@ _fastai_export = fastai_original(Learner, 'export')
 @patch
 @delegates(save_on_main, but='write,async_save')
 def export(self:Learner, 
-           fname='export.pkl', # file name, in `self.path`
+           fname='export.pkl', # file name, in `self.path`; or a URL of object storage (`s3://bucket/key`), uploaded from a local copy in `self.path`
            pickle_module=cloudpickle, # as for `torch.save`
            pickle_protocol=2, # as for `torch.save`
            **kwargs):
     "Export the content of `self` without the items and the optimizer state for inference, once, atomically"
+    if is_url(fname): kwargs,fname = {'upload_to': fname, **kwargs},local_copy_name(fname)
     return save_on_main(self.path/fname, partial(_export_to, self, pickle_module=pickle_module,
                                                   pickle_protocol=pickle_protocol), **kwargs)
 

@@ -283,9 +283,12 @@ def save_on_main(file, # the file to write
                  durable=True, # fsync the file and its directory before returning
                  timeout=None, # seconds to wait for the writer (default: `DDP_SAFE_TIMEOUT`)
                  async_save=False, # write in a background thread and return at once (see `stage_for_save`)
-                 needed=None): # bytes the file needs on the disk, checked first (default: the size of the file it replaces)
+                 needed=None, # bytes the file needs on the disk, checked first (default: the size of the file it replaces)
+                 upload_to=None, # also upload the file to this URL of object storage (`s3://bucket/key`...), before it is put in place
+                 storage_options=None): # with `upload_to`: the fsspec file system's options (endpoint, credentials)
     "Write `file` through `write` on the main process alone, atomically; every rank that calls it raises if that failed"
     file,scope = Path(file).absolute(),check_scope(scope)
+    if upload_to is not None: write = _and_upload(write, upload_to, storage_options)
     distrib_timeout(timeout) # a bad timeout fails here on every rank, not only on those that wait
     _finish_writes(timeout, file) # the writes of one file stay in order
     # inside `local_io`, or a process alone: nobody else hears of this save
@@ -303,6 +306,14 @@ def save_on_main(file, # the file to write
         if async_save: _in_flight.append((file, job))
         else: _raise_failure(_wait_for_writer(*job, timeout))
     return file
+
+def _and_upload(write, url, storage_options):
+    "`write`, then an upload of what it wrote to `url`: the local file is put in place only once the upload is whole"
+    def write_and_upload(tmp):
+        from .object_store import upload_file  # object storage is built on this module
+        write(tmp)
+        upload_file(tmp, url, storage_options)
+    return write_and_upload
 
 def _background_write(file, write, durable, key, needed):
     "Start the write of `file` in the writer's thread, after the copies staged for it; their memory is spare once it is done"

@@ -25,7 +25,7 @@ def fit_to(root, url, n_epoch=4, kill_after=None, storage_options=None):
     ckpt = CheckpointCallback(url, storage_options=storage_options)
     kill = [KillAfter(kill_after, Path(root)/'killed')] if kill_after is not None else []
     with learn.distrib_ctx(): learn.fit(n_epoch, 0.02, cbs=[ckpt, *kill])
-    return dict(weights=weights(learn), resumed_from=ckpt.resumed_from, local=sorted(p.name for p in (Path(root)/'models'/cache_dir_name(url)).iterdir()))
+    return dict(weights=weights(learn), resumed_from=ckpt.resumed_from, local=sorted(p.name for p in (Path(root)/'models'/local_copy_name(url)).iterdir()))
 
 @pytest.fixture(params=['swift', 'azurite'])
 def store(request):
@@ -123,7 +123,7 @@ class AwayWhile:
 def test_store_away_for_a_while(tmp_path, swift):
     "The store stops answering during the run and comes back 10 s later: the uploads retry, the run ends, its last checkpoint in the bucket"
     url = f"s3://{swift.bucket()}/run"
-    away = AwayWhile(swift, lambda: (tmp_path/'models'/cache_dir_name(url)/'epoch_0001'/'manifest.json').exists(), 10)  # its upload under way
+    away = AwayWhile(swift, lambda: (tmp_path/'models'/local_copy_name(url)/'epoch_0001'/'manifest.json').exists(), 10)  # its upload under way
     r0,r1 = values(torchrun_ranks(fit_slowly, str(tmp_path), url, 6, init=False, timeout=240, env=swift.env, kill_when=away))
     assert r0['error'] is None and r1['error'] is None and away.away is None
     fs = swift.fs()
@@ -134,13 +134,13 @@ def test_store_gone_fails_at_the_next_commit(tmp_path, swift):
     """The store stops answering for good: the failed upload is raised on every rank at the next checkpoint, naming the
     URL; the local checkpoints are kept; once the store is back, a run on a new machine resumes from the bucket's last"""
     url = f"s3://{swift.bucket()}/run"
-    cache = tmp_path/'a'/'models'/cache_dir_name(url)
+    cache = tmp_path/'a'/'models'/local_copy_name(url)
     away = AwayWhile(swift, lambda: uploaded(cache, 'epoch_0001'), None)
     try: outs = torchrun_ranks(fit_slowly, str(tmp_path/'a'), url, 6, init=False, timeout=240, env={**swift.env, 'DDP_SAFE_UPLOAD_RETRY': '3'}, kill_when=away)
     finally: swift.start_proxy()
     r0,r1 = values(outs)
     assert r0['error'] == r1['error'] and r0['error'] is not None, (r0, r1)
-    assert "upload " in r0['error'] and url in r0['error'] and 'still after retrying for 3s' in r0['error'], r0['error']
+    assert f"upload to {url}/epoch_0002/" in r0['error'] and 'still after retrying for 3s' in r0['error'], r0['error']
     assert is_complete(cache/'epoch_0002'), sorted(p.name for p in cache.iterdir())  # kept, though not uploaded
     shutil.rmtree(tmp_path/'a')
     r0,r1 = values(torchrun_ranks(fit_to, str(tmp_path/'a'), url, 3, init=False, timeout=240, env=swift.env))
@@ -157,7 +157,7 @@ def fit_with_ballast(root, url, n_epoch):
 def test_kill_during_an_upload(tmp_path, swift):
     "The run is killed while a checkpoint uploads: the bucket's copy of it is never taken; a new machine resumes from the one before"
     url = f"s3://{swift.bucket()}/run"
-    cache = tmp_path/'a'/'models'/cache_dir_name(url)
+    cache = tmp_path/'a'/'models'/local_copy_name(url)
     assert torchrun_ranks(fit_with_ballast, str(tmp_path/'a'), url, 4, init=False, timeout=240, env=swift.env,
                           kill_when=lambda: (cache/'epoch_0002'/'manifest.json').exists()) is None  # committed here: its upload starts
     fs = swift.fs()
@@ -167,3 +167,28 @@ def test_kill_during_an_upload(tmp_path, swift):
     r0,r1 = values(torchrun_ranks(fit_with_ballast, str(tmp_path/'a'), url, 3, init=False, timeout=240, env=swift.env))
     assert r0['resumed_from'] == r1['resumed_from'] == 'epoch_0001'
     assert fs.cat_file(url[5:]+'/latest') == b'epoch_0003'
+
+def save_to_urls(root, bucket):
+    "A fit with `SafeSaveModelCallback('s3://...')`, then `export('s3://...')`, then an export to a missing bucket: what each gave"
+    learn = synth_learner(n=128, path=Path(root), seed=5)
+    with learn.distrib_ctx(): learn.fit(3, 0.02, cbs=SafeSaveModelCallback(fname=f"s3://{bucket}/run/best"))
+    best = weights(learn)  # the end-of-fit reload: the best epoch's weights
+    learn.export(f"s3://{bucket}/run/export.pkl")
+    try: learn.export("s3://nosuchbucket123/export.pkl"); error = None
+    except CheckpointError as e: error = str(e)
+    return dict(best=best, error=error, local=sorted(p.name for p in Path(root).rglob('*') if p.is_file()))
+
+def test_export_and_best_model_to_a_bucket(tmp_path, swift):
+    """`SafeSaveModelCallback(fname=URL)` uploads the best model (the end-of-fit reload reads the local copy), and
+    `Learner.export(URL)` the exported Learner; a missing bucket fails on every rank, naming the URL"""
+    bucket = swift.bucket()
+    r0,r1 = values(torchrun_ranks(save_to_urls, str(tmp_path), bucket, init=False, timeout=240, env=swift.env))
+    fs = swift.fs()
+    assert listed(fs, f"{bucket}/run") == ['best.pth', 'export.pkl']
+    uploaded = torch.load(fs.open(f"{bucket}/run/best.pth"), weights_only=True)
+    for w,v in zip(r0['best'], uploaded.values()): assert torch.equal(w, v)
+    from fastai.learner import load_learner
+    fs.get_file(f"{bucket}/run/export.pkl", str(tmp_path/'downloaded.pkl'))
+    assert type(load_learner(tmp_path/'downloaded.pkl').model).__name__ == 'Linear'
+    assert r0['error'] == r1['error'] == "upload to s3://nosuchbucket123/export.pkl: FileNotFoundError: The specified bucket does not exist.", r0['error']
+    assert r0['local'] == ['s3_' + bucket + '_run_best.pth', 's3_' + bucket + '_run_export.pkl'], r0['local']
