@@ -1,0 +1,86 @@
+"""Checkpoints in object storage, measured side by side in one run against a real OpenStack Swift with its S3 API on
+this machine (tools/swift.sh, started and stopped here; issue 34): the upload of a committed checkpoint against plain
+s3fs `put_file`s of the same files; the download of a resume against plain `get_file`s; on 2 ranks under torchrun, an
+epoch of a fit that checkpoints to the bucket after every epoch against one that checkpoints nothing, and the host
+memory rank 0 holds above the fit without checkpoints, in checkpoints.
+
+    .venv-latest/bin/python benchmarks/object_store.py"""
+import os, sys, time, statistics, tempfile, threading, subprocess, secrets
+from pathlib import Path
+import psutil, torch
+from fastai.basics import Callback
+from ddp_safe_fastai.all import *
+from ddp_safe_fastai.testing import synth_learner
+from ddp_safe_fastai.launch import torchrun_ranks
+
+MB = 100  # the checkpoint of the transfer measures
+
+def transfers(d, url, reps=3):
+    "Seconds (medians of `reps`, in turns) of the library's upload and download of a MB-sized checkpoint, and of plain s3fs's"
+    root = Path(d)/'local'
+    CheckpointDir(root).commit('epoch_0001', {'state.pth': {'w': torch.randn(MB*2**20//4)}}, dict(epoch=1, iter=0, fit=0, world_size=1), root/'latest')
+    ckpt,files = root/'epoch_0001',['state.pth', 'manifest.json']
+    got = {k: [] for k in ('upload', 'put', 'download', 'get')}
+    for i in range(reps):
+        store = ObjectStoreDir(f"{url}/{i}")
+        t = time.perf_counter(); store.upload(ckpt); got['upload'].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        for f in files: store.fs.put_file(str(ckpt/f), store.path('plain', f))
+        got['put'].append(time.perf_counter() - t)
+        t = time.perf_counter(); store.download('epoch_0001', Path(d)/f'down{i}'/'epoch_0001'); got['download'].append(time.perf_counter() - t)
+        t = time.perf_counter()
+        for f in files: store.fs.get_file(store.path('plain', f), str(Path(d)/f'get{i}_{f}'))
+        got['get'].append(time.perf_counter() - t)
+    return {k: statistics.median(v) for k,v in got.items()}
+
+class EpochTimes(Callback):
+    "The seconds of each epoch, and (on rank 0) the most resident memory seen during the fit above that at its start"
+    order = CheckpointCallback.order+1  # after the checkpoint's own work in `after_epoch`
+    def before_fit(self):
+        self.times,self.peak,self.done = [],0,threading.Event()
+        start = psutil.Process().memory_info().rss
+        def sample():
+            while not self.done.wait(0.005): self.peak = max(self.peak, psutil.Process().memory_info().rss - start)
+        self.sampler = threading.Thread(target=sample, daemon=True); self.sampler.start()
+    def before_epoch(self): self.t = time.perf_counter()
+    def after_epoch(self): self.times.append(time.perf_counter() - self.t)
+    def after_fit(self): flush_saves(); self.done.set(); self.sampler.join()
+
+def fits(root, url, reps=2, n_epoch=3):
+    "On each rank: the median epoch, plain and checkpointed to `url` after every epoch (in turns), and the peak extra memory of each"
+    learn = synth_learner(n=2**14, path=Path(root), seed=1)
+    learn.model.register_buffer('ballast', torch.randn(2**23))  # 32 MiB: each checkpoint takes a while to upload
+    got = {'plain': ([], []), 'bucket': ([], [])}
+    for i in range(2*reps):
+        key = ['plain', 'bucket'][i % 2]
+        times = EpochTimes()
+        cbs = [times] + ([CheckpointCallback(f"{url}/fit{i}", resume=False)] if key == 'bucket' else [])
+        with learn.distrib_ctx(): learn.fit(n_epoch, 1e-3, cbs=cbs)
+        got[key][0].extend(times.times[1:]); got[key][1].append(times.peak)  # the first epoch warms up
+    return {k: (statistics.median(t), max(m)) for k,(t,m) in got.items()}, state_bytes(learn.model.state_dict())
+
+if __name__ == '__main__':
+    tools = Path(__file__).parent.parent/'tools'
+    with tempfile.TemporaryDirectory() as d:
+        server = Path(d)/'swift'
+        subprocess.run([str(tools/'swift.sh'), 'start', str(server)], check=True, capture_output=True)
+        try:
+            endpoint = (server/'endpoint').read_text().strip()
+            env = dict(AWS_ENDPOINT_URL=endpoint, AWS_ACCESS_KEY_ID='test:tester', AWS_SECRET_ACCESS_KEY='testing', AWS_DEFAULT_REGION='us-east-1')
+            os.environ.update(env)
+            bucket = f"bench{secrets.token_hex(4)}"
+            import s3fs; s3fs.S3FileSystem().mkdir(bucket)
+            t = transfers(d, f"s3://{bucket}/transfers")
+            print(f"{MB} MiB checkpoint, Swift S3 API on 127.0.0.1: upload {t['upload']:.2f} s, plain s3fs put_file {t['put']:.2f} s: "
+                  f"throughput {t['put']/t['upload']:.2f} of plain; download {t['download']:.2f} s (checksums checked), plain get_file "
+                  f"{t['get']:.2f} s: throughput {t['get']/t['download']:.2f} of plain")
+            outcomes = torchrun_ranks(fits, str(Path(d)/'fits'), f"s3://{bucket}/fits", init=False, timeout=900, env=env)
+            assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+            for r,o in enumerate(outcomes):
+                res,ckpt_bytes = o.value
+                (plain,mem_plain),(bucket_t,mem_bucket) = res['plain'],res['bucket']
+                print(f"rank {r}: median epoch {plain:.2f} s without checkpoints, {bucket_t:.2f} s checkpointing to the bucket after "
+                      f"each ({ckpt_bytes/2**20:.0f} MiB): {bucket_t/plain:.3f}x" + (
+                      f"; most memory above the fit's start: {mem_plain/2**20:.0f} MiB plain, {mem_bucket/2**20:.0f} MiB with uploads "
+                      f"({(mem_bucket-mem_plain)/ckpt_bytes:.2f} checkpoints)" if r == 0 else ''))
+        finally: subprocess.run([str(tools/'swift.sh'), 'stop', str(server)])
