@@ -2,7 +2,8 @@
 this machine (tools/swift.sh, started and stopped here; issue 34): the upload of a committed checkpoint against plain
 s3fs `put_file`s of the same files; the download of a resume against plain `get_file`s; on 2 ranks under torchrun, an
 epoch of a fit that checkpoints to the bucket after every epoch against one that checkpoints nothing, and the host
-memory rank 0 holds above the fit without checkpoints, in checkpoints.
+memory rank 0 holds above the fit without checkpoints, in checkpoints (with glibc's default allocator, which gives
+large blocks back: run it without tools/bench.sh's `MALLOC_*` settings, under which freed memory stays resident).
 
     .venv-latest/bin/python benchmarks/object_store.py"""
 import os, sys, time, statistics, tempfile, threading, subprocess, secrets
@@ -15,22 +16,24 @@ from ddp_safe_fastai.launch import torchrun_ranks
 
 MB = 100  # the checkpoint of the transfer measures
 
-def transfers(d, url, reps=3):
-    "Seconds (medians of `reps`, in turns) of the library's upload and download of a MB-sized checkpoint, and of plain s3fs's"
+def transfers(d, url, reps=5):
+    "Seconds (medians of `reps`, the side that goes first alternating) of the library's upload and download of a MB-sized checkpoint, and of plain s3fs's"
     root = Path(d)/'local'
     CheckpointDir(root).commit('epoch_0001', {'state.pth': {'w': torch.randn(MB*2**20//4)}}, dict(epoch=1, iter=0, fit=0, world_size=1), root/'latest')
     ckpt,files = root/'epoch_0001',['state.pth', 'manifest.json']
     got = {k: [] for k in ('upload', 'put', 'download', 'get')}
+    def timed(key, f):
+        t = time.perf_counter(); f(); got[key].append(time.perf_counter() - t)
     for i in range(reps):
         store = ObjectStoreDir(f"{url}/{i}")
-        t = time.perf_counter(); store.upload(ckpt); got['upload'].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        for f in files: store.fs.put_file(str(ckpt/f), store.path('plain', f))
-        got['put'].append(time.perf_counter() - t)
-        t = time.perf_counter(); store.download('epoch_0001', Path(d)/f'down{i}'/'epoch_0001'); got['download'].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        for f in files: store.fs.get_file(store.path('plain', f), str(Path(d)/f'get{i}_{f}'))
-        got['get'].append(time.perf_counter() - t)
+        def put():
+            for f in files: store.fs.put_file(str(ckpt/f), store.path('plain', f))
+        def get():
+            for f in files: store.fs.get_file(store.path('plain', f), str(Path(d)/f'get{i}_{f}'))
+        sides = [('upload', lambda: store.upload(ckpt)), ('put', put)]
+        for key,f in (sides if i % 2 == 0 else sides[::-1]): timed(key, f)
+        sides = [('download', lambda: store.download('epoch_0001', Path(d)/f'down{i}'/'epoch_0001')), ('get', get)]
+        for key,f in (sides if i % 2 == 0 else sides[::-1]): timed(key, f)
     return {k: statistics.median(v) for k,v in got.items()}
 
 class EpochTimes(Callback):
@@ -46,9 +49,9 @@ class EpochTimes(Callback):
     def after_epoch(self): self.times.append(time.perf_counter() - self.t)
     def after_fit(self): flush_saves(); self.done.set(); self.sampler.join()
 
-def fits(root, url, reps=2, n_epoch=3):
+def fits(root, url, reps=2, n_epoch=4):
     "On each rank: the median epoch, plain and checkpointed to `url` after every epoch (in turns), and the peak extra memory of each"
-    learn = synth_learner(n=2**14, path=Path(root), seed=1)
+    learn = synth_learner(n=2**12, path=Path(root), seed=1)
     learn.model.register_buffer('ballast', torch.randn(2**23))  # 32 MiB: each checkpoint takes a while to upload
     got = {'plain': ([], []), 'bucket': ([], [])}
     for i in range(2*reps):
