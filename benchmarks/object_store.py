@@ -6,7 +6,7 @@ memory rank 0 holds above the fit without checkpoints, in checkpoints (with glib
 large blocks back: run it without tools/bench.sh's `MALLOC_*` settings, under which freed memory stays resident).
 
     .venv-latest/bin/python benchmarks/object_store.py"""
-import os, sys, time, statistics, tempfile, threading, subprocess, secrets
+import os, time, statistics, tempfile, threading, subprocess, secrets
 from pathlib import Path
 import psutil, torch
 from fastai.basics import Callback

@@ -152,13 +152,13 @@ class CheckpointCallback(Callback):
         why = None
         if is_main_process(self.scope) and not is_complete(self.root/name):
             try: self.store.download(name, self.root/name)
-            except CheckpointError as e: why = str(e)
+            except Exception as e: why = str(e) if isinstance(e, CheckpointError) else describe(e)  # the store's own errors too
         raise_failures(exchange(why, 'CheckpointCallback download'), f"CheckpointCallback resume from {self.fname}")
 
     def _resume(self):
         "Rank 0 finds the latest complete checkpoint (here, or in the object store); every rank checks its format and follows"
         try: found,why = self._latest() if rank_distrib() == 0 else (None, None),None
-        except CheckpointError as e: found,why = (None, None),str(e)
+        except Exception as e: found,why = (None, None),str(e) if isinstance(e, CheckpointError) else describe(e)  # the store's own errors too
         (name,manifest),why = broadcast_object((found, why), what='CheckpointCallback resume')
         if why: raise CheckpointError(f"CheckpointCallback resume from {self.fname}: {why}")
         if name is None: return
