@@ -12,6 +12,7 @@ from .core import *
 from .persist import flush_saves, check_not_replaced
 from .learner import *
 from .files import is_url, local_copy_name
+from .object_store import ObjectStoreDir, check_writable
 
 # %% auto #0
 __all__ = ['SafeSaveModelCallback']
@@ -39,8 +40,9 @@ class SafeSaveModelCallback(SaveModelCallback):
         self.url,self.fname = (fname,local_copy_name(fname)) if is_url(fname) else (None,fname)
 
     def before_fit(self):
-        "Prepare the monitored value; nothing is saved in this fit yet"
+        "Prepare the monitored value; nothing is saved in this fit yet; with a URL, check that the store can be written"
         super().before_fit()
+        if self.url: check_writable(ObjectStoreDir(self.url, self.storage_options), f"SafeSaveModelCallback(fname={self.url!r})")
         self.saved_in_fit,self.epochs_seen = None,0
 
     def _save(self, name):

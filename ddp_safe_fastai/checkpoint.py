@@ -17,7 +17,7 @@ from .learner import step_tensors, apply_model_state
 from .train_state import *
 from .checkpoint_dir import *
 from .files import is_url, local_copy_name
-from .object_store import ObjectStoreDir
+from .object_store import ObjectStoreDir, check_writable
 from .files import check_room, state_bytes
 from .signals import *
 from .distributed import fastai_defaults_kept
@@ -75,7 +75,7 @@ def _say(msg):
 def _commit_and_upload(cd, store, name, files, info, keep, latest_tmp):
     "On the main process (in the background with `async_save`): commit checkpoint `name` in `cd`, then upload it to `store`, if any"
     cd.commit(name, files, info, latest_tmp, keep)
-    if store: store.upload(cd.root/name, keep=[c.name for c in cd.checkpoints()])
+    if store: store.upload(cd.root/name, cd.keep, cd.keep_best, also=keep)
 
 def _stopped_early(learn):
     "Did an `EarlyStoppingCallback` of `learn` run out of patience?"
@@ -106,6 +106,8 @@ class CheckpointCallback(Callback):
             raise ValueError(f"CheckpointCallback(every_minutes={every_minutes!r}): a number of minutes, more than 0")
         store_attr()
         self.store = ObjectStoreDir(fname, storage_options) if is_url(fname) else None  # checkpoints are uploaded there
+        if self.store and scope != 'global':  # each node's writer would upload, rotate and move `latest` on its own
+            raise ValueError(f"CheckpointCallback(fname={fname!r}, scope={scope!r}): a bucket is one place for every node; use scope='global'")
         self.resumed_from,self.fit_no,self.epochs_before,self.within,self.watch,self.clock,self.tracked = None,-1,0,None,None,None,None
 
     @property
@@ -126,18 +128,10 @@ class CheckpointCallback(Callback):
         if self.fit_no >= 0: self.epochs_before += self.n_epochs_last
         self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
         self.clock = ClockDecision(self.every_minutes) if self.every_minutes else None
-        if self.store: self._check_store()
+        if self.store: check_writable(self.store, f"CheckpointCallback(fname={self.fname!r})")
         if self.resume: self._resume()
         if self.stop_on_signal and threading.current_thread() is threading.main_thread(): # after a resume that may raise:
             self.watch = SignalWatch(self.learn, f"{run_prefix()}/stop/{self.fit_no}") # the fit's end closes it
-
-    def _check_store(self):
-        "Raise on every rank, naming the URL, if the main process cannot write to the object store"
-        why = None
-        if rank_distrib() == 0:
-            try: self.store.check()
-            except CheckpointError as e: why = str(e)
-        raise_failures(exchange(why, 'CheckpointCallback store'), f"CheckpointCallback(fname={self.fname!r})")
 
     def _latest(self):
         "On rank 0: (name, manifest) of the newest complete checkpoint, here or in the object store; (None, None) if none"
@@ -148,10 +142,11 @@ class CheckpointCallback(Callback):
         return there if there[0] and (here[0] is None or training_position_of(*there) > training_position_of(*here)) else here
 
     def _download(self, name):
-        "Every process that writes (rank 0, or each node's first) downloads checkpoint `name` unless it has it whole; failures on every rank"
+        "Rank 0 downloads checkpoint `name` unless it has it whole (the others read its bytes, see `read_on_all`); failures on every rank"
         why = None
-        if is_main_process(self.scope) and not is_complete(self.root/name):
-            try: self.store.download(name, self.root/name)
+        if is_main_process(self.scope):
+            try:
+                if not is_complete(self.root/name): self.store.download(name, self.root/name)
             except Exception as e: why = str(e) if isinstance(e, CheckpointError) else describe(e)  # the store's own errors too
         raise_failures(exchange(why, 'CheckpointCallback download'), f"CheckpointCallback resume from {self.fname}")
 
@@ -261,7 +256,8 @@ class CheckpointCallback(Callback):
                     fit=self.fit_no, world_size=world_size(), **({} if within else self._monitored()))
         # the commit is the write of `latest`: `save_on_main` runs it on the main process alone (in the background with
         # `async_save`), puts `latest` in place when it returns, and raises its failure on every rank
-        commit = partial(_commit_and_upload, self.dir, self.store, name, {'state.pth': state, 'rng.pth': list(rngs)}, info, {self.resumed_from})
+        # the checkpoint of an exception is committed here alone: an upload would outlast the other ranks' short wait
+        commit = partial(_commit_and_upload, self.dir, None if timeout else self.store, name, {'state.pth': state, 'rng.pth': list(rngs)}, info, {self.resumed_from})
         save_on_main(self.root/'latest', commit, self.scope, self.durable, timeout, async_save=self.async_save and not timeout)
 
     def after_fit_raised(self, e):

@@ -55,7 +55,6 @@ def test_resume_from_the_bucket_on_a_wiped_disk(tmp_path, store):
     assert "a resume takes epoch_0002 (saved on 2 rank(s))" in inspect.stdout, inspect.stdout
     shutil.rmtree(tmp_path/'a')  # the machine is gone; a new one has an empty disk
     r0,r1 = values(torchrun_ranks(fit_to, str(tmp_path/'a'), url, init=False, timeout=240, env=store.env))
-    assert r0['local'] == r1['local']
     assert r0['resumed_from'] == r1['resumed_from'] == 'epoch_0002'
     for w,v in zip(r0['weights'], whole[0]['weights']): assert torch.equal(w, v)  # bit for bit the uninterrupted run
     assert fs.cat_file(path+'/latest') == b'epoch_0004'
@@ -176,11 +175,15 @@ def save_to_urls(root, bucket):
     learn.export(f"s3://{bucket}/run/export.pkl")
     try: learn.export("s3://nosuchbucket123/export.pkl"); error = None
     except CheckpointError as e: error = str(e)
-    return dict(best=best, error=error, local=sorted(p.name for p in Path(root).rglob('*') if p.is_file()))
+    try:
+        with learn.distrib_ctx(): learn.fit(1, cbs=SafeSaveModelCallback(fname="s3://nosuchbucket123/best")); fit_error = None
+    except CheckpointError as e: fit_error = str(e)
+    return dict(best=best, error=error, fit_error=fit_error, local=sorted(p.name for p in Path(root).rglob('*') if p.is_file()))
 
 def test_export_and_best_model_to_a_bucket(tmp_path, swift):
     """`SafeSaveModelCallback(fname=URL)` uploads the best model (the end-of-fit reload reads the local copy), and
-    `Learner.export(URL)` the exported Learner; a missing bucket fails on every rank, naming the URL"""
+    `Learner.export(URL)` the exported Learner; a missing bucket fails on every rank, naming the URL: at the export, and
+    as a fit with `SafeSaveModelCallback` starts"""
     bucket = swift.bucket()
     r0,r1 = values(torchrun_ranks(save_to_urls, str(tmp_path), bucket, init=False, timeout=240, env=swift.env))
     fs = swift.fs()
@@ -192,3 +195,5 @@ def test_export_and_best_model_to_a_bucket(tmp_path, swift):
     assert type(load_learner(tmp_path/'downloaded.pkl').model).__name__ == 'Linear'
     assert r0['error'] == r1['error'] == "upload to s3://nosuchbucket123/export.pkl: FileNotFoundError: The specified bucket does not exist.", r0['error']
     assert r0['local'] == ['s3_' + bucket + '_run_best.pth', 's3_' + bucket + '_run_export.pkl'], r0['local']
+    # a store that cannot be written stops the fit as it starts, on every rank
+    assert r0['fit_error'] == r1['fit_error'] and "SafeSaveModelCallback(fname='s3://nosuchbucket123/best'): failed on rank(s) [0]: s3://nosuchbucket123/best cannot be written: the bucket (or container) does not exist" in r0['fit_error'], r0['fit_error']
