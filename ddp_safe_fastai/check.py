@@ -14,7 +14,6 @@ from .core import *
 from .files import *
 from .persist import *
 from .checkpoint_dir import checkpoints_report
-from .files import is_url
 from .object_store import ObjectStoreDir
 from .launch import spawn_ranks, RanksStalled
 

@@ -16,9 +16,8 @@ from .persist import *
 from .learner import step_tensors, apply_model_state
 from .train_state import *
 from .checkpoint_dir import *
-from .files import is_url, local_copy_name
 from .object_store import ObjectStoreDir, check_writable
-from .files import check_room, state_bytes
+from .files import check_room, state_bytes, is_url, local_copy_name
 from .signals import *
 from .distributed import fastai_defaults_kept
 with fastai_defaults_kept():

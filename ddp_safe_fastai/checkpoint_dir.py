@@ -15,9 +15,9 @@ from .train_state import FORMAT
 
 # %% auto #0
 __all__ = ['checksum', 'write_manifest', 'read_manifest', 'why_incomplete', 'is_complete', 'CheckpointFormatError',
-           'check_format', 'training_position_of', 'training_position', 'monitored_in', 'monitored', 'checkpoint_name',
-           'CheckpointDir', 'latest_complete', 'checkpoint_row', 'inspect_checkpoints', 'checkpoints_table',
-           'checkpoints_report']
+           'check_format', 'training_position_of', 'training_position', 'monitored_in', 'monitored', 'best_of',
+           'checkpoint_name', 'CheckpointDir', 'latest_complete', 'checkpoint_row', 'inspect_checkpoints',
+           'checkpoints_table', 'checkpoints_report']
 
 # %% ../nbs/41_checkpoint_dir.ipynb #4cfcc347
 def _crc32(f, chunk):
@@ -101,6 +101,12 @@ def monitored(ckpt):
     "`monitored_in` of the checkpoint directory `ckpt`"
     return monitored_in(read_manifest(ckpt))
 
+def best_of(found, # (name, manifest) pairs, wherever the checkpoints are stored
+            k=1): # how many (all of them for None)
+    "The names of the `k` best of `found` by their monitored metric (`monitored_in`), best first; of two equal ones, the earlier"
+    scored = [(n, m, v) for n,m in found if (v := monitored_in(m))]
+    return [n for n,_,_ in sorted(scored, key=lambda nmv: (nmv[2][0] if nmv[2][1] == 'min' else -nmv[2][0], training_position_of(nmv[0], nmv[1])))][:k]
+
 def checkpoint_name(epoch, # epochs done in the whole script
                     iter=0): # batches done in the next epoch
     "The directory name of a checkpoint after `epoch` epochs and `iter` batches"
@@ -149,8 +155,7 @@ class CheckpointDir:
 
     def best(self, k=1):
         "The `k` committed checkpoints of the best monitored value (all of them for `k=None`), best first; of two equal ones, the earlier"
-        scored = [(c, v) for c in self.checkpoints() if (v := monitored(c))]
-        return [c for c,_ in sorted(scored, key=lambda cv: (cv[1][0] if cv[1][1] == 'min' else -cv[1][0], training_position(cv[0])))][:k]
+        return [self.root/n for n in best_of([(c.name, read_manifest(c)) for c in self.checkpoints()], k)]
 
     def named_latest(self):
         "The name `latest` holds, or None"

@@ -16,10 +16,13 @@ __all__ = ['ObjectStoreDir', 'check_writable', 'upload_file']
 
 # %% ../nbs/41a_object_store.ipynb #2578723a
 _retry_default = 300  # seconds an upload or a download goes on trying, unless the ranks' timeout is shorter
+# fsspec's backends raise OSErrors for most failures; Azure's SDK raises its own, with the HTTP status
+def _refused(e): return isinstance(e, PermissionError) or getattr(e, 'status_code', None) in (401, 403)
+def _missing(e): return isinstance(e, FileNotFoundError) or getattr(e, 'status_code', None) == 404
+
 def _permanent(e):
     "Is the failure `e` one that retrying does not mend: a missing bucket or file, refused credentials?"
-    # fsspec's backends raise OSErrors for most; Azure's SDK raises its own, with the HTTP status
-    return isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)) or getattr(e, 'status_code', None) in (401, 403, 404)
+    return _refused(e) or _missing(e) or isinstance(e, (IsADirectoryError, NotADirectoryError))
 
 def _retrying(f, # what to do: no arguments
               what, # the operation, for the message
@@ -48,9 +51,9 @@ def _merged(defaults, given):
 
 def _why_unwritable(e):
     "What the failure `e` of a write to a store means, in words"
-    status,first = getattr(e, 'status_code', None),describe(e).split('\n')[0]
-    if isinstance(e, PermissionError) or status in (401, 403): return f"the credentials were refused ({first})"
-    if isinstance(e, FileNotFoundError) or status == 404: return f"the bucket (or container) does not exist ({first})"
+    first = describe(e).split('\n')[0]
+    if _refused(e): return f"the credentials were refused ({first})"
+    if _missing(e): return f"the bucket (or container) does not exist ({first})"
     if isinstance(e, (ConnectionError, TimeoutError)) or 'Connect' in type(e).__name__: return f"its endpoint does not answer ({first})"
     return first
 
@@ -108,7 +111,7 @@ class ObjectStoreDir:
         "Remove the checkpoints beyond the newest `keep` complete ones, except the `keep_best` best and those in `also`"
         found = self.checkpoints()
         complete = [(n, m) for n,m in found if m is not None]
-        kept = {*also, *(n for n,_ in complete[:keep]), *self.best(complete, keep_best)}
+        kept = {*also, *(n for n,_ in complete[:keep]), *best_of(complete, keep_best)}
         for name,_ in found:
             if name not in kept: self.remove(name)
 
@@ -182,16 +185,11 @@ class ObjectStoreDir:
         if why: raise CheckpointError(f"download {self.url}/{name} to {dest}: {why}")
         return dest
 
-    def best(self, found, k=1):
-        "The names of the `k` best of the complete checkpoints `found` ((name, manifest) pairs) by their monitored metric, best first; of two equal ones, the earlier"
-        scored = [(n, m, v) for n,m in found if (v := monitored_in(m))]
-        return [n for n,_,_ in sorted(scored, key=lambda nmv: (nmv[2][0] if nmv[2][1] == 'min' else -nmv[2][0], training_position_of(nmv[0], nmv[1])))][:k]
-
     def report(self):
         "`checkpoints_report` of the store: each checkpoint's manifest and sizes (checksums are checked when one is downloaded)"
         found = self.checkpoints()
         why = {n: self.why_incomplete(n, m) for n,m in found}
-        chosen,best = self.latest()[0],next(iter(self.best([(n, m) for n,m in found if why[n] is None])), None)
+        chosen,best = self.latest()[0],next(iter(best_of([(n, m) for n,m in found if why[n] is None])), None)
         rows = [checkpoint_row(n, m, why[n], self.fs.du(self.path(n)), n == chosen, n == best) for n,m in found]
         return checkpoints_table(self.url, self.named_latest(), rows)
 
