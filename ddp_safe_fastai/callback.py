@@ -5,6 +5,7 @@
 # %% ../nbs/30_callback.ipynb #70cb00b9
 from __future__ import annotations
 import warnings
+from pathlib import Path
 from fastcore.basics import *
 from .distributed import fastai_defaults_kept
 with fastai_defaults_kept(): from fastai.callback.tracker import SaveModelCallback, TrackerCallback
@@ -46,9 +47,9 @@ class SafeSaveModelCallback(SaveModelCallback):
         self.saved_in_fit,self.epochs_seen = None,0
 
     def _save(self, name):
-        self.last_saved_path = self.saved_in_fit = self.learn.save(name, with_opt=self.with_opt, scope=self.scope,
-            async_save=self.async_save, storage_options=self.storage_options,
-            upload_to=self.url + name[len(self.fname):] + '.pth' if self.url else None)  # `every_epoch` adds `_{epoch}`
+        saved = self.learn.save(name, with_opt=self.with_opt, scope=self.scope, async_save=self.async_save,
+            storage_options=self.storage_options, upload_to=self.url + name[len(self.fname):] + '.pth' if self.url else None)  # `every_epoch` adds `_{epoch}`
+        self.last_saved_path = self.saved_in_fit = Path(saved)  # a background save's handle is a path to its file
 
     def after_epoch(self):
         "Decide on rank 0 whether the model is the best so far, and save it if so (or every `every_epoch` epochs)"

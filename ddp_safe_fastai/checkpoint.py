@@ -71,10 +71,10 @@ _exception_meeting = 10  # seconds: after an exception, how long a rank waits fo
 def _say(msg):
     if rank_distrib() == 0: print(f"CheckpointCallback: {msg}", flush=True)
 
-def _commit_and_upload(cd, store, name, files, info, keep, latest_tmp):
-    "On the main process (in the background with `async_save`): commit checkpoint `name` in `cd`, then upload it to `store`, if any"
+def _commit_and_upload(cd, upload, name, files, info, keep, latest_tmp):
+    "On the main process (in the background with `async_save`): commit checkpoint `name` in `cd`, then `upload` it, if given"
     cd.commit(name, files, info, latest_tmp, keep)
-    if store: store.upload(cd.root/name, cd.keep, cd.keep_best, also=keep)
+    if upload: upload(cd.root/name, also=keep)
 
 def _stopped_early(learn):
     "Did an `EarlyStoppingCallback` of `learn` run out of patience?"
@@ -91,6 +91,7 @@ class CheckpointCallback(Callback):
                  stop_on_signal=True, # SIGTERM or SIGUSR1 during the fit: every rank checkpoints one same batch and exits
                  requeue=True, # under SLURM, after that checkpoint: requeue the job (`scontrol requeue`), which then resumes
                  keep=2, # how many checkpoints to keep, the newest
+                 keep_local=None, # with a URL `fname`: how many the local directory keeps, the newest (default: as the store)
                  monitor='valid_loss', # the metric recorded with each epoch's checkpoint, as fastai's trackers name it
                  comp=None, # `np.less` or `np.greater` (default: less for a loss or an error, else greater)
                  keep_best=0, # also keep the `keep_best` checkpoints of the best `monitor`
@@ -107,6 +108,9 @@ class CheckpointCallback(Callback):
         self.store = ObjectStoreDir(fname, storage_options) if is_url(fname) else None  # checkpoints are uploaded there
         if self.store and scope != 'global':  # each node's writer would upload, rotate and move `latest` on its own
             raise ValueError(f"CheckpointCallback(fname={fname!r}, scope={scope!r}): a bucket is one place for every node; use scope='global'")
+        if keep_local is not None and not (self.store and isinstance(keep_local, int) and keep_local >= 1):
+            raise ValueError(f"CheckpointCallback(keep_local={keep_local!r}): a number of checkpoints, at least 1, with a URL `fname` "
+                             f"(here {fname!r}: {'a URL' if self.store else 'a local directory, which keeps `keep`'})")
         self.resumed_from,self.fit_no,self.epochs_before,self.within,self.watch,self.clock,self.tracked = None,-1,0,None,None,None,None
 
     @property
@@ -115,7 +119,10 @@ class CheckpointCallback(Callback):
         return Path(self.learn.path)/self.learn.model_dir/(local_copy_name(self.fname) if self.store else self.fname)
 
     @property
-    def dir(self): return CheckpointDir(self.root, self.keep, self.durable, self.keep_best)
+    def dir(self):
+        "The local `CheckpointDir`: it keeps what the store keeps, or the newest `keep_local`"
+        if self.keep_local is None: return CheckpointDir(self.root, self.keep, self.durable, self.keep_best)
+        return CheckpointDir(self.root, self.keep_local, self.durable)
 
     def before_fit(self):
         "Resume this fit from the latest complete checkpoint, or skip it if a later fit's checkpoint exists"
@@ -127,10 +134,18 @@ class CheckpointCallback(Callback):
         if self.fit_no >= 0: self.epochs_before += self.n_epochs_last
         self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
         self.clock = ClockDecision(self.every_minutes) if self.every_minutes else None
-        if self.store: check_writable(self.store, f"CheckpointCallback(fname={self.fname!r})")
+        if self.store:
+            check_writable(self.store, f"CheckpointCallback(fname={self.fname!r})")
+            if rank_distrib() == 0: self._abort_unfinished_uploads()
         if self.resume: self._resume()
         if self.stop_on_signal and threading.current_thread() is threading.main_thread(): # after a resume that may raise:
             self.watch = SignalWatch(self.learn, f"{run_prefix()}/stop/{self.fit_no}") # the fit's end closes it
+
+    def _abort_unfinished_uploads(self):
+        "On rank 0, as a fit starts: abort the uploads to the store that a killed run left open (a cleanup: a failure is logged)"
+        try: keys = self.store.abort_unfinished_uploads()
+        except Exception as e: return _say(f"unfinished uploads to {self.fname} not aborted ({describe(e)}): their parts stay in the store")
+        if keys: _say(f"aborted {len(keys)} upload(s) to {self.fname} that a killed run left unfinished: {', '.join(keys)}")
 
     def _latest(self):
         "On rank 0: (name, manifest) of the newest complete checkpoint, here or in the object store; (None, None) if none"
@@ -256,7 +271,8 @@ class CheckpointCallback(Callback):
         # the commit is the write of `latest`: `save_on_main` runs it on the main process alone (in the background with
         # `async_save`), puts `latest` in place when it returns, and raises its failure on every rank
         # the checkpoint of an exception is committed here alone: an upload would outlast the other ranks' short wait
-        commit = partial(_commit_and_upload, self.dir, None if timeout else self.store, name, {'state.pth': state, 'rng.pth': list(rngs)}, info, {self.resumed_from})
+        upload = partial(self.store.upload, keep=self.keep, keep_best=self.keep_best) if self.store and not timeout else None
+        commit = partial(_commit_and_upload, self.dir, upload, name, {'state.pth': state, 'rng.pth': list(rngs)}, info, {self.resumed_from})
         save_on_main(self.root/'latest', commit, self.scope, self.durable, timeout, async_save=self.async_save and not timeout)
 
     def after_fit_raised(self, e):

@@ -5,6 +5,7 @@
 # %% ../nbs/41_checkpoint_dir.ipynb #6ceafe18
 from __future__ import annotations
 import json, zlib, hashlib, shutil
+from contextlib import suppress
 from pathlib import Path
 from fastcore.basics import *
 from . import __version__
@@ -14,29 +15,30 @@ from .persist import replaced_since_written
 from .train_state import FORMAT
 
 # %% auto #0
-__all__ = ['checksum', 'write_manifest', 'read_manifest', 'why_incomplete', 'is_complete', 'CheckpointFormatError',
-           'check_format', 'training_position_of', 'training_position', 'monitored_in', 'monitored', 'best_of',
-           'checkpoint_name', 'CheckpointDir', 'latest_complete', 'checkpoint_row', 'inspect_checkpoints',
-           'checkpoints_table', 'checkpoints_report']
+__all__ = ['checksum', 'write_manifest', 'parse_manifest', 'read_manifest', 'why_incomplete', 'is_complete', 'copy_checked',
+           'CheckpointFormatError', 'check_format', 'CheckpointStorage', 'LocalStorage', 'training_position_of',
+           'training_position', 'monitored_in', 'monitored', 'best_of', 'checkpoint_name', 'StoredCheckpoints',
+           'CheckpointDir', 'latest_complete', 'checkpoint_row', 'checkpoints_table', 'inspect_checkpoints',
+           'checkpoints_report']
 
 # %% ../nbs/41_checkpoint_dir.ipynb #4cfcc347
-def _crc32(f, chunk):
-    crc = 0
-    while b := f.read(chunk): crc = zlib.crc32(b, crc)
-    return f"{crc:08x}"
+class _Crc32:
+    "CRC-32 as `hashlib`'s objects are used: `update` as the bytes come, `hexdigest` at the end"
+    def __init__(self): self.crc = 0
+    def update(self, b): self.crc = zlib.crc32(b, self.crc)
+    def hexdigest(self): return f"{self.crc:08x}"
 
-def _sha256(f, chunk):
-    h = hashlib.sha256()
-    while b := f.read(chunk): h.update(b)
-    return h.hexdigest()
-
-_checksums = dict(crc32=_crc32, sha256=_sha256) # format 2 writes crc32, format 1 wrote sha256 (slower: benchmarks/bench.py)
+_checksums = dict(crc32=_Crc32, sha256=hashlib.sha256) # format 2 writes crc32, format 1 wrote sha256 (slower: benchmarks/bench.py)
+def _kind(entry): return next(k for k in _checksums if k in entry)  # the checksum a manifest's entry records
 
 def checksum(path, # the file
              kind='crc32', # a key of `_checksums`
              chunk=2**24): # bytes read at a time
     "The checksum of `path` a manifest records"
-    with open(path, 'rb') as f: return _checksums[kind](f, chunk)
+    h = _checksums[kind]()
+    with open(path, 'rb') as f:
+        while b := f.read(chunk): h.update(b)
+    return h.hexdigest()
 
 def write_manifest(ckpt, # the checkpoint's directory
                    files, # the names of its files, written and flushed
@@ -46,27 +48,52 @@ def write_manifest(ckpt, # the checkpoint's directory
     info = dict(format=FORMAT, library=__version__, **info, files=entries)
     atomic_write(ckpt/'manifest.json', lambda tmp: Path(tmp).write_text(json.dumps(info, indent=1)))
 
+def parse_manifest(data): # the bytes of a `manifest.json`, or None
+    "The manifest `data` holds (a format 1 manifest says format 1), or None"
+    try: return None if data is None else {'format': 1, **json.loads(data)}
+    except ValueError: return None
+
 def read_manifest(ckpt):
     "The manifest of `ckpt` (a format 1 manifest says format 1), or None"
-    try: m = json.loads((Path(ckpt)/'manifest.json').read_text())
-    except (OSError, ValueError): return None
-    return {'format': 1, **m}
+    try: return parse_manifest((Path(ckpt)/'manifest.json').read_bytes())
+    except OSError: return None
 
-def why_incomplete(ckpt):
-    "Why `ckpt` cannot be resumed from as it is on disk; None if it is complete"
-    m = read_manifest(ckpt)
+def _why_unlike(f, # the file's name
+                entry, # what the manifest says of it
+                size, # its bytes
+                digest): # a function giving its checksum: called only if the size is right
+    "Why file `f` does not match its manifest's `entry`; None if it does"
+    if size != entry['size']: return f"{f} has {size} bytes, the manifest says {entry['size']}"
+    if digest() != entry[_kind(entry)]: return f"{f} does not match its checksum: it was changed or damaged"
+
+def _why_incomplete(ckpt, m):
+    "Why the directory `ckpt` does not match its manifest `m` (None: it has none); None if it does"
     if m is None: return "no manifest: its write did not finish"
     for f,e in m['files'].items():
         p = Path(ckpt)/f
         if not p.is_file(): return f"{f} is missing"
-        if p.stat().st_size != e['size']: return f"{f} has {p.stat().st_size} bytes, the manifest says {e['size']}"
-        kind = next(k for k in _checksums if k in e)
-        if checksum(p, kind) != e[kind]: return f"{f} does not match its checksum: it was changed or damaged"
+        if why := _why_unlike(f, e, p.stat().st_size, lambda: checksum(p, _kind(e))): return why
     return None
+
+def why_incomplete(ckpt):
+    "Why `ckpt` cannot be resumed from as it is on disk; None if it is complete"
+    return _why_incomplete(ckpt, read_manifest(ckpt))
 
 def is_complete(ckpt):
     "Does `ckpt` have a manifest, and do its files match it?"
     return why_incomplete(ckpt) is None
+
+# %% ../nbs/41_checkpoint_dir.ipynb #80afb7c2
+def copy_checked(src, # a file open for reading: a local one, or one fsspec opened in a store
+                 dest, # the local file to write
+                 f, # its name in the manifest, for the message
+                 entry, # what the manifest says of it: its size and checksum
+                 chunk=2**22): # bytes read and written at a time
+    "Copy `src` to `dest`, its checksum computed as the bytes pass; why the copy does not match `entry`, or None"
+    h,size = _checksums[_kind(entry)](),0
+    with open(dest, 'wb') as out:
+        while b := src.read(chunk): out.write(b); h.update(b); size += len(b)
+    return _why_unlike(f, entry, size, h.hexdigest)
 
 # %% ../nbs/41_checkpoint_dir.ipynb #ecabee8c
 class CheckpointFormatError(CheckpointError):
@@ -79,6 +106,35 @@ def check_format(manifest, # the checkpoint's manifest
         raise CheckpointFormatError(
             f"{ckpt} is in checkpoint format {manifest['format']} (written by ddp_safe_fastai {manifest.get('library', '?')}); "
             f"this is ddp_safe_fastai {__version__}, which reads formats 1 to {FORMAT}: upgrade ddp_safe_fastai to resume from it")
+
+# %% ../nbs/41_checkpoint_dir.ipynb #3b781ad0
+class CheckpointStorage:
+    "Where checkpoints are kept, as `NAME/<files>`, `NAME/manifest.json` and `latest`: what `StoredCheckpoints` asks of it"
+    def names(self): "The names of the checkpoints there, as listed now, sorted"; raise NotImplementedError
+    def read(self, *names): "The bytes of the small file at `names` (`latest`, a manifest), or None if there is none"; raise NotImplementedError
+    def put(self, local, *names): "Write the local file `local` to `names`, whole: it is seen whole or not at all"; raise NotImplementedError
+    def why_incomplete(self, name, manifest): "Why checkpoint `name` cannot be resumed from as it is kept, given its `manifest` (None: it has none); None if complete"; raise NotImplementedError
+    def size(self, name): "The bytes of checkpoint `name`'s files"; raise NotImplementedError
+    def remove(self, name): "Remove checkpoint `name`, its manifest first: it is never seen complete with a file missing"; raise NotImplementedError
+
+# %% ../nbs/41_checkpoint_dir.ipynb #1105e0e9
+class LocalStorage(CheckpointStorage):
+    "The checkpoints in the local directory `root`: every file checked against the manifest by its size and checksum"
+    def __init__(self, root, # the directory
+                 durable=True): # fsync what `put` writes
+        self.root,self.durable = Path(root),durable
+    def __repr__(self): return f"{type(self).__name__}({str(self.root)!r})"
+    def names(self): return sorted(p.name for p in self.root.glob('epoch_*'))
+    def read(self, *names):
+        try: return self.root.joinpath(*names).read_bytes()
+        except OSError: return None
+    def put(self, local, *names):
+        atomic_write(self.root.joinpath(*names), lambda tmp: shutil.copyfile(local, tmp), self.durable, Path(local).stat().st_size)
+    def why_incomplete(self, name, manifest): return _why_incomplete(self.root/name, manifest)
+    def size(self, name): return sum(p.stat().st_size for p in (self.root/name).iterdir() if p.is_file())
+    def remove(self, name):
+        with suppress(OSError): (self.root/name/'manifest.json').unlink()
+        shutil.rmtree(self.root/name, ignore_errors=True)
 
 # %% ../nbs/41_checkpoint_dir.ipynb #b6fa7ca4
 def training_position_of(name, # a checkpoint's name (`checkpoint_name`)
@@ -112,10 +168,55 @@ def checkpoint_name(epoch, # epochs done in the whole script
     "The directory name of a checkpoint after `epoch` epochs and `iter` batches"
     return f"epoch_{epoch:04d}" + (f"_iter_{iter:06d}" if iter else '')
 
+# %% ../nbs/41_checkpoint_dir.ipynb #9923d6ff
+class StoredCheckpoints(GetAttr):
+    "The checkpoints in `storage` (a `CheckpointStorage`, whose operations it also offers): their order, the latest complete, the best, the rotation"
+    _default = 'storage'
+    def __init__(self, storage): self.storage = storage
+
+    def manifest(self, name):
+        "The manifest of checkpoint `name`, or None"
+        return parse_manifest(self.storage.read(name, 'manifest.json'))
+
+    def named_latest(self):
+        "The name `latest` holds, or None"
+        data = self.storage.read('latest')
+        return data.decode().strip() if data else None
+
+    def checkpoints(self):
+        "(name, manifest) of every checkpoint, the latest taken in the run first, those without a manifest last"
+        found = [(n, self.manifest(n)) for n in self.storage.names()]
+        return sorted(found, key=lambda nm: training_position_of(*nm), reverse=True)
+
+    def latest(self):
+        "(name, manifest) of the newest complete checkpoint: the one `latest` names if complete, else the newest that is; (None, None) if none"
+        named = self.named_latest()
+        if named and self.storage.why_incomplete(named, m := self.manifest(named)) is None: return named, m
+        return next(((n, m) for n,m in self.checkpoints() if n != named and self.storage.why_incomplete(n, m) is None), (None, None))
+
+    def best(self, k=1):
+        "The names of the `k` checkpoints with a manifest of the best monitored value (all of them for `k=None`), best first; of two equal ones, the earlier"
+        return best_of(self.checkpoints(), k)
+
+    def rotate(self, keep=2, # how many to keep, the newest with a manifest
+               keep_best=0, # also keep the `keep_best` best by their monitored metric
+               also=(), # the names of other checkpoints to keep
+               count_unfinished=False): # count those without a manifest among the newest `keep` (they sort last)
+        "Remove the checkpoints beyond the newest `keep`, except the `keep_best` best and those in `also`"
+        found = self.checkpoints()
+        newest = found if count_unfinished else [(n, m) for n,m in found if m is not None]
+        kept = {*also, *(n for n,_ in newest[:keep]), *best_of(found, keep_best)}
+        for n,_ in found:
+            if n not in kept: self.storage.remove(n)
+
+# %% ../nbs/41_checkpoint_dir.ipynb #b6fa7cb5
 class CheckpointDir:
-    "The checkpoints under `root`: committed in order, rotated, the latest complete found"
+    "The checkpoints under the local directory `root`: committed in order, rotated, the latest complete found"
     def __init__(self, root, keep=2, durable=True, keep_best=0):
         self.root,self.keep,self.durable,self.keep_best = Path(root),keep,durable,keep_best
+
+    @property
+    def stored(self): return StoredCheckpoints(LocalStorage(self.root, self.durable))
 
     def commit(self, name, # the checkpoint's directory name (`checkpoint_name`)
                files, # {file name: what `torch.save` writes}
@@ -145,36 +246,30 @@ class CheckpointDir:
 
     def checkpoints(self):
         "Every checkpoint directory, the latest taken in the run first, incomplete ones last"
-        return sorted(self.root.glob('epoch_*'), key=training_position, reverse=True)
+        return [self.root/n for n,_ in self.stored.checkpoints()]
 
     def rotate(self, keep=()):
-        "Remove checkpoints beyond the newest `self.keep`, except those in `keep` and the `self.keep_best` best"
-        keep = {*keep, *(c.name for c in self.best(self.keep_best))}
-        for c in self.checkpoints()[self.keep:]:
-            if c.name not in keep: shutil.rmtree(c, ignore_errors=True)
+        "Remove checkpoints beyond the newest `self.keep` (those without a manifest last), except those in `keep` and the `self.keep_best` best"
+        self.stored.rotate(self.keep, self.keep_best, keep, count_unfinished=True)
 
     def best(self, k=1):
         "The `k` committed checkpoints of the best monitored value (all of them for `k=None`), best first; of two equal ones, the earlier"
-        return [self.root/n for n in best_of([(c.name, read_manifest(c)) for c in self.checkpoints()], k)]
+        return [self.root/n for n in self.stored.best(k)]
 
     def named_latest(self):
         "The name `latest` holds, or None"
-        f = self.root/'latest'
-        return f.read_text().strip() if f.is_file() else None
+        return self.stored.named_latest()
 
     def latest(self):
         "The newest complete checkpoint: the one `latest` names if complete, else the newest that is"
-        named = self.named_latest()
-        cands = dict.fromkeys(([self.root/named] if named else []) + self.checkpoints()) # each checked once
-        return next((c for c in cands if is_complete(c)), None)
+        name,_ = self.stored.latest()
+        return None if name is None else self.root/name
 
 def latest_complete(root):
     "The newest complete checkpoint under `root`: the one `root/latest` names if complete, else the newest that is"
     return CheckpointDir(root).latest()
 
 # %% ../nbs/41_checkpoint_dir.ipynb #05529657
-def _size(ckpt): return sum(p.stat().st_size for p in Path(ckpt).iterdir() if p.is_file())
-
 def checkpoint_row(name, # the checkpoint
                    manifest, # its manifest, or None
                    why, # why it is incomplete, or None
@@ -189,15 +284,18 @@ def checkpoint_row(name, # the checkpoint
                 world_size=m.get('world_size'), format=m.get('format'), library=m.get('library'), bytes=nbytes,
                 resume=resume, monitor=m.get('monitor'), best=best)
 
-def _describe(ckpt, chosen, best):
-    return checkpoint_row(ckpt.name, read_manifest(ckpt), why_incomplete(ckpt), _size(ckpt), ckpt == chosen, ckpt == best)
+# %% ../nbs/41_checkpoint_dir.ipynb #2c2d378a
+@patch
+def rows(self:StoredCheckpoints,
+         best_complete=True): # star the best of the complete checkpoints (False: of those with a manifest)
+    "A `checkpoint_row` of each checkpoint, the latest taken first: which one a resume takes, which is the best"
+    found = self.checkpoints()
+    why = {n: self.storage.why_incomplete(n, m) for n,m in found}
+    chosen = self.latest()[0]
+    best = next(iter(best_of([(n, m) for n,m in found if why[n] is None or not best_complete])), None)
+    return [checkpoint_row(n, m, why[n], self.storage.size(n), n == chosen, n == best) for n,m in found]
 
-def inspect_checkpoints(root): # a `CheckpointCallback`'s directory: `learn.path/learn.model_dir/fname`
-    "What each checkpoint under `root` is (the latest taken first, incomplete ones last), and which one a resume takes"
-    cd = CheckpointDir(root)
-    chosen,best = cd.latest(),next(iter(cd.best()), None)
-    return [_describe(c, chosen, best) for c in cd.checkpoints()]
-
+# %% ../nbs/41_checkpoint_dir.ipynb #f69297ab
 def _monitored_cell(row):
     "The monitored value of a row of `inspect_checkpoints`, starred if it is the best"
     m = row['monitor']
@@ -221,7 +319,20 @@ def checkpoints_table(where, # the directory or URL
                  "nothing to resume from: a run starts afresh")
     return '\n'.join(lines)
 
+# %% ../nbs/41_checkpoint_dir.ipynb #b7b400d6
+@patch
+def report(self:StoredCheckpoints,
+           where, # the directory or URL, for the table's title
+           best_complete=True): # star the best of the complete checkpoints (False: of those with a manifest)
+    "`rows` as a table (`checkpoints_table`), with what `latest` says and what a resume would do"
+    return checkpoints_table(where, self.named_latest(), self.rows(best_complete))
+
+# %% ../nbs/41_checkpoint_dir.ipynb #4e0da838
+def inspect_checkpoints(root): # a `CheckpointCallback`'s directory: `learn.path/learn.model_dir/fname`
+    "What each checkpoint under `root` is (the latest taken first, incomplete ones last), and which one a resume takes"
+    return CheckpointDir(root).stored.rows(best_complete=False)
+
 def checkpoints_report(root):
     "`inspect_checkpoints` as a table, with what `latest` says and what a resume would do"
     if not Path(root).is_dir(): return f"{root}: no such directory"
-    return checkpoints_table(root, CheckpointDir(root).named_latest(), inspect_checkpoints(root))
+    return CheckpointDir(root).stored.report(root, best_complete=False)

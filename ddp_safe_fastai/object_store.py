@@ -4,7 +4,7 @@
 
 # %% ../nbs/41a_object_store.ipynb #33ba283f
 from __future__ import annotations
-import os, re, json, time, secrets, logging
+import os, re, time, secrets, logging
 from contextlib import suppress
 from pathlib import Path
 from fastcore.basics import *
@@ -12,7 +12,7 @@ from .core import *
 from .checkpoint_dir import *
 
 # %% auto #0
-__all__ = ['ObjectStoreDir', 'check_writable', 'upload_file']
+__all__ = ['FsspecStorage', 'ObjectStoreDir', 'check_writable', 'upload_file']
 
 # %% ../nbs/41a_object_store.ipynb #2578723a
 _retry_default = 300  # seconds an upload or a download goes on trying, unless the ranks' timeout is shorter
@@ -59,8 +59,8 @@ def _why_unwritable(e):
 
 _checkpoint_name = re.compile(r'epoch_\d{4,}(_iter_\d{6,})?')  # what `checkpoint_name` makes
 
-class ObjectStoreDir:
-    "The checkpoints under `url`, in a `CheckpointDir`'s layout: uploaded from, and downloaded to, local directories"
+class FsspecStorage(CheckpointStorage):
+    "The checkpoints under `url`, any fsspec URL: each file checked against the manifest by its size; the transfers retried"
     def __init__(self, url, # `s3://bucket/prefix`, `az://container/prefix`, any fsspec URL
                  storage_options=None, # for the fsspec file system: `endpoint_url`, `key`, `secret`...
                  retry_for=None): # seconds an upload or download goes on trying (default: see above)
@@ -73,6 +73,8 @@ class ObjectStoreDir:
 
     def __repr__(self): return f"{type(self).__name__}({self.url!r})"
     def path(self, *names): return '/'.join([self.root, *names])
+    def _url(self, *names): return '/'.join([self.url, *names])
+    def until(self): return time.monotonic() + self.retry_for  # when the retries of what starts now stop
 
     def check(self):
         "Raise `CheckpointError`, naming the URL, unless a file can be written and removed there: an endpoint that answers, a bucket, credentials"
@@ -80,12 +82,66 @@ class ObjectStoreDir:
         try: self.fs.pipe_file(probe, b''); self.fs.rm_file(probe)
         except Exception as e: raise CheckpointError(f"{self.url} cannot be written: {_why_unwritable(e)}") from e
 
-    def _until(self): return time.monotonic() + self.retry_for
-
     def put(self, local, *names, until=None):
         "Upload the local file `local` to `names` under the URL, whole, retrying until `until` (default: `retry_for` from now)"
-        _retrying(lambda: self.fs.put_file(str(local), self.path(*names)), f"upload to {'/'.join([self.url, *names])}",
-                  ifnone(until, self._until()), self.retry_for)
+        _retrying(lambda: self.fs.put_file(str(local), self.path(*names)), f"upload to {self._url(*names)}", ifnone(until, self.until()), self.retry_for)
+
+    def write(self, data, *names, until=None):
+        "Write the bytes `data` to `names` under the URL, whole, retrying until `until`"
+        _retrying(lambda: self.fs.pipe_file(self.path(*names), data), f"write {self._url(*names)}", ifnone(until, self.until()), self.retry_for)
+
+    def get(self, local, # the local file to write
+            entry, # what the manifest says of the file: its size and checksum
+            *names, until=None):
+        "Download `names` to `local`, its checksum computed as it arrives (`copy_checked`), retrying until `until`; why it does not match `entry`, or None"
+        def get():
+            with self.fs.open(self.path(*names), 'rb') as src: return copy_checked(src, local, names[-1], entry)
+        return _retrying(get, f"download {self._url(*names)}", ifnone(until, self.until()), self.retry_for)
+
+    def read(self, *names):
+        try: return self.fs.cat_file(self.path(*names))
+        except FileNotFoundError: return None
+
+    def exists(self):
+        "Is there anything under the URL (a bucket, a container, a prefix with files)?"
+        self.fs.invalidate_cache()
+        return self.fs.exists(self.root)
+
+    def names(self):
+        self.fs.invalidate_cache()
+        try: listed = [p.rstrip('/').rsplit('/', 1)[-1] for p in self.fs.ls(self.root, detail=False)]
+        except FileNotFoundError: return []
+        return sorted(n for n in listed if _checkpoint_name.fullmatch(n))  # not a stray `epoch_x` someone put there
+
+    def why_incomplete(self, name, manifest):
+        "Why checkpoint `name` cannot be resumed from as the store holds it (no manifest, a file missing or of another size); None if complete"
+        if manifest is None: return "no manifest: its upload did not finish"
+        self.fs.invalidate_cache()
+        for f,e in manifest['files'].items():
+            try: size = self.fs.info(self.path(name, f))['size']
+            except FileNotFoundError: return f"{f} is missing"
+            if size != e['size']: return f"{f} has {size} bytes, the manifest says {e['size']}"
+        return None
+
+    def size(self, name): return self.fs.du(self.path(name))
+
+    def remove(self, name):
+        "Remove checkpoint `name` from the store, its manifest first: it is never seen complete with a file missing"
+        try:
+            files = sorted(self.fs.find(self.path(name)), key=lambda p: not p.endswith('/manifest.json'))
+            for f in files: self.fs.rm_file(f)
+            with suppress(OSError): self.fs.rmdir(self.path(name))  # where directories are kept (memory://, local); S3 has none
+        except Exception as e: _log.warning(f"{self.url}/{name} not removed yet ({describe(e)}): it will be after the next upload")
+
+# %% ../nbs/41a_object_store.ipynb #13806d4a
+class ObjectStoreDir(StoredCheckpoints):
+    "The checkpoints under `url`, in a `CheckpointDir`'s layout (`StoredCheckpoints` over an `FsspecStorage`): uploaded from, and downloaded to, local directories"
+    def __init__(self, url, # `s3://bucket/prefix`, `az://container/prefix`, any fsspec URL
+                 storage_options=None, # for the fsspec file system: `endpoint_url`, `key`, `secret`...
+                 retry_for=None): # seconds an upload or download goes on trying (default: see above)
+        super().__init__(FsspecStorage(url, storage_options, retry_for))
+
+    def __repr__(self): return f"{type(self).__name__}({self.url!r})"
 
     def _remove_manifest(self, name, until):
         "Remove the manifest of checkpoint `name` if the store has one: its files are about to change"
@@ -99,99 +155,39 @@ class ObjectStoreDir:
                keep_best=0, # also keep the `keep_best` best by their monitored metric
                also=()): # the names of other checkpoints to keep (the one the run resumed from)
         "Upload `ckpt`: its files, then its manifest (the commit marker), then `latest`; then remove the checkpoints beyond those kept"
-        until = self._until()  # one budget of retries for the whole upload
+        until = self.until()  # one budget of retries for the whole upload
         self._remove_manifest(ckpt.name, until)  # one of that name uploaded before (a run killed before `latest`) is no longer complete
         for f in read_manifest(ckpt)['files']: self.put(ckpt/f, ckpt.name, f, until=until)
         self.put(ckpt/'manifest.json', ckpt.name, 'manifest.json', until=until)
-        _retrying(lambda: self.fs.pipe_file(self.path('latest'), ckpt.name.encode()), f"write {self.url}/latest", until, self.retry_for)
+        self.write(ckpt.name.encode(), 'latest', until=until)
         try: self.rotate(keep, keep_best, {ckpt.name, *also})
         except Exception as e: _log.warning(f"{self.url}: old checkpoints not removed yet ({describe(e)}): they will be after the next upload")
 
-    def rotate(self, keep=2, keep_best=0, also=()):
-        "Remove the checkpoints beyond the newest `keep` complete ones, except the `keep_best` best and those in `also`"
-        found = self.checkpoints()
-        complete = [(n, m) for n,m in found if m is not None]
-        kept = {*also, *(n for n,_ in complete[:keep]), *best_of(complete, keep_best)}
-        for name,_ in found:
-            if name not in kept: self.remove(name)
-
-    def remove(self, name):
-        "Remove checkpoint `name` from the store, its manifest first: it is never seen complete with a file missing"
-        try:
-            files = sorted(self.fs.find(self.path(name)), key=lambda p: not p.endswith('/manifest.json'))
-            for f in files: self.fs.rm_file(f)
-            with suppress(OSError): self.fs.rmdir(self.path(name))  # where directories are kept (memory://, local); S3 has none
-        except Exception as e: _log.warning(f"{self.url}/{name} not removed yet ({describe(e)}): it will be after the next upload")
-
-    def exists(self):
-        "Is there anything under the URL (a bucket, a container, a prefix with files)?"
-        self.fs.invalidate_cache()
-        return self.fs.exists(self.root)
-
-    def names(self):
-        "The names of the checkpoints under the URL, as the store lists them now"
-        self.fs.invalidate_cache()
-        try: listed = [p.rstrip('/').rsplit('/', 1)[-1] for p in self.fs.ls(self.root, detail=False)]
-        except FileNotFoundError: return []
-        return sorted(n for n in listed if _checkpoint_name.fullmatch(n))  # not a stray `epoch_x` someone put there
-
-    def _read(self, *names):
-        try: return self.fs.cat_file(self.path(*names))
-        except FileNotFoundError: return None
-
-    def manifest(self, name):
-        "The manifest of checkpoint `name`, or None"
-        data = self._read(name, 'manifest.json')
-        try: return {'format': 1, **json.loads(data)} if data is not None else None
-        except ValueError: return None
-
-    def named_latest(self):
-        "The name `latest` holds, or None"
-        data = self._read('latest')
-        return data.decode().strip() if data else None
-
-    def why_incomplete(self, name, manifest):
-        "Why checkpoint `name` cannot be resumed from as the store holds it (no manifest, a file missing or of another size); None if complete"
-        if manifest is None: return "no manifest: its upload did not finish"
-        self.fs.invalidate_cache()
-        for f,e in manifest['files'].items():
-            try: size = self.fs.info(self.path(name, f))['size']
-            except FileNotFoundError: return f"{f} is missing"
-            if size != e['size']: return f"{f} has {size} bytes, the manifest says {e['size']}"
-        return None
-
-    def checkpoints(self):
-        "(name, manifest) of every checkpoint under the URL, the latest taken in the run first, those without a manifest last"
-        found = [(n, self.manifest(n)) for n in self.names()]
-        return sorted(found, key=lambda nm: training_position_of(*nm), reverse=True)
-
-    def latest(self):
-        "(name, manifest) of the newest complete checkpoint, the one `latest` names first; (None, None) if none"
-        named = self.named_latest()
-        if named and self.why_incomplete(named, m := self.manifest(named)) is None: return named, m
-        return next(((n, m) for n,m in self.checkpoints() if self.why_incomplete(n, m) is None), (None, None))
-
     def download(self, name, # the checkpoint
                  dest): # the local directory to download it to (emptied first)
-        "Download checkpoint `name` into `dest`, its manifest last; `CheckpointError` if what arrived does not match the manifest"
-        dest = Path(dest)
-        m = self.manifest(name)
+        "Download checkpoint `name` into `dest`, each file checked against the manifest as it arrives, the manifest last; `CheckpointError` if one does not match"
+        dest,data = Path(dest),self.read(name, 'manifest.json')
+        m = parse_manifest(data)
         if m is None: raise CheckpointError(f"download {self.url}/{name}: it has no manifest")
         CheckpointDir(dest.parent).fresh_dir(dest.name)
-        until = self._until()
-        for f in [*m['files'], 'manifest.json']:
-            _retrying(lambda: self.fs.get_file(self.path(name, f), str(dest/f)), f"download {self.url}/{name}/{f}", until, self.retry_for)
-        why = why_incomplete(dest)
-        if why: raise CheckpointError(f"download {self.url}/{name} to {dest}: {why}")
+        until = self.until()  # one budget of retries for the whole download
+        for f,e in m['files'].items():
+            why = self.get(dest/f, e, name, f, until=until)
+            if why: raise CheckpointError(f"download {self.url}/{name} to {dest}: {why}")
+        (dest/'manifest.json').write_bytes(data)  # the manifest the files were checked against
         return dest
+
+    def abort_unfinished_uploads(self):
+        "Abort the multipart uploads under the URL that a killed run left open (S3 keeps their parts until then); their keys"
+        if not hasattr(self.fs, 'list_multipart_uploads'): return []  # a store without them, or one that drops them itself
+        bucket,_,prefix = self.root.partition('/')
+        left = [u for u in self.fs.list_multipart_uploads(bucket) if u['Key'].startswith(f"{prefix}/" if prefix else '')]
+        for u in left: self.fs.call_s3('abort_multipart_upload', Bucket=bucket, Key=u['Key'], UploadId=u['UploadId'])
+        return [u['Key'] for u in left]
 
     def report(self):
         "`checkpoints_report` of the store: each checkpoint's manifest and sizes (checksums are checked when one is downloaded)"
-        found = self.checkpoints()
-        why = {n: self.why_incomplete(n, m) for n,m in found}
-        chosen,best = self.latest()[0],next(iter(best_of([(n, m) for n,m in found if why[n] is None])), None)
-        rows = [checkpoint_row(n, m, why[n], self.fs.du(self.path(n)), n == chosen, n == best) for n,m in found]
-        return checkpoints_table(self.url, self.named_latest(), rows)
+        return super().report(self.url)
 
 # %% ../nbs/41a_object_store.ipynb #67a58e06
 def check_writable(store, # an `ObjectStoreDir`
@@ -208,4 +204,4 @@ def upload_file(file, # a local file
                 url, # where it goes: `s3://bucket/key`, any fsspec URL
                 storage_options=None): # the fsspec file system's options
     "Upload `file` to `url` whole (an object is seen whole or not at all), with retries; `CheckpointError` if it cannot be"
-    ObjectStoreDir(url, storage_options).put(file)
+    FsspecStorage(url, storage_options).put(file)

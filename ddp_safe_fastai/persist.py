@@ -18,7 +18,8 @@ from .core import *
 from .files import *
 
 # %% auto #0
-__all__ = ['call_site', 'host_copy', 'tensors_in', 'wait_for_copies', 'stage_for_save', 'replaced_since_written', 'flush_saves',
+__all__ = ['save_matching', 'background_saves', 'call_site', 'SaveMatching', 'tensors_in', 'SaveHandle', 'BackgroundSaves',
+           'host_copy', 'wait_for_copies', 'stage_for_save', 'replaced_since_written', 'flush_saves',
            'check_not_replaced', 'save_on_main', 'split_kwargs', 'save_state', 'prepare_dir', 'dir_is_shared',
            'once_per_disk', 'read_on_all', 'is_torch_zip', 'fastai_torch_load', 'load_state']
 
@@ -35,78 +36,79 @@ def call_site():
     while f: lines.append(f"{f.f_code.co_filename}:{f.f_lineno}"); f = f.f_back
     return hashlib.sha1('\n'.join(lines).encode()).hexdigest()[:12]
 
-_calls = {}  # (prefix, place, name, call site) -> saves this process made of that name, from there, at that place
-
-def _save_number(prefix, at, name, site):
-    "How many saves of `name` from `site` this process has made at place `at`, this one included"
-    if any(k[1] != at for k in _calls): _calls.clear()  # a new place: the counts of the last one are done with
-    n = _calls[prefix, at, name, site] = _calls.get((prefix, at, name, site), 0) + 1
-    return n
-
 # %% ../nbs/02_persist.ipynb #6fcf8d8d
-_unpublished = {}  # on a writer: (process group's id, store prefix, place) -> {file name: write number of its last save there}
-_published = []  # the last keys this process published them under
-_published_kept = 16  # how many: a reader of an older one has long read it
-_lock = threading.Lock()
-_watcher,_exiting = None,threading.Event()
-
-def _publish(store, done):
-    "Publish the saves made at each place of `done`, for the ranks that did not write"
-    for (prefix, at),names in done.items():
-        key = f"{prefix}/left/{_place(at)}"
-        store.set(key, pickle.dumps(names))
-        _published[:] = [*_published[1-_published_kept:], (store, key)]
-
 def _current_group(): return dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
-
-def _take_left(pg, everything=False):
-    "The unpublished places of the process group `pg` that this process has left (all of them if `everything`, or once `pg` ended)"
-    now = sync_point(pg) if not everything and _current_group() is pg else None
-    with _lock: return {k[1:]: _unpublished.pop(k) for k in list(_unpublished) if k[0] == id(pg) and k[2] != now}
-
-def _watch_places(store, pg):
-    "Publish the saves made at a place in `pg` as soon as this process leaves it: its next collective or meeting, or the group's end"
-    global _watcher
-    while not _exiting.is_set():
-        _publish(store, _take_left(pg))
-        with _lock:
-            if not any(k[0] == id(pg) for k in _unpublished):
-                if _watcher is threading.current_thread(): _watcher = None
-                return
-        time.sleep(0.005)
-
-def _note_write(prefix, name, at, site, idx):
-    "On the writer: number this save, say where it was called from; the key of its outcome"
-    global _watcher
-    store = group_store()
-    n = store.add(f"{prefix}/{name}/n", 1)  # numbered by the store: a run that torchrun restarts never reuses one
-    store.set(f"{prefix}/{name}/{_place(at)}/{site}/{idx}", str(n))
-    pg = _current_group()
-    with _lock:
-        _unpublished.setdefault((id(pg), prefix, at), {})[name] = n
-        if _watcher is None or _watcher.group is not pg: # one a group: a group formed again has a store of its own
-            # a connection of its own: a store client serves one request at a time, and the main thread may be waiting
-            _watcher = threading.Thread(target=_watch_places, args=(store.clone(), pg), daemon=True, name='ddp_safe_places')
-            _watcher.group = pg
-            _watcher.start()
-    return f"{prefix}/{name}/{n}"
 
 _exit_wait = 60  # seconds: a reader that died does not hold the exit longer
 
-@atexit.register
-def _publish_at_exit():
-    "Publish what is left to publish; if the store lives in this process, let the ranks that wait for it read it"
-    # the watcher stops first: a thread still in the store's C++ code when the interpreter ends aborts the process
-    _exiting.set()
-    if _watcher is not None: _watcher.join(10)
-    with suppress(Exception):
-        if (left := _take_left(_current_group(), everything=True)): _publish(group_store(), left)
-    end = time.monotonic() + _exit_wait
-    for store,key in _published:
+class SaveMatching:
+    "This process's saves, numbered by place and call site, and (on a writer) published for the other ranks as it leaves each place"
+    published_kept = 16  # keys remembered for the exit: a reader of an older one has long read it
+    def __init__(self):
+        self.calls = {}  # (prefix, place, name, call site) -> saves this process made of that name, from there, at that place
+        self.unpublished = {}  # on a writer: (process group's id, store prefix, place) -> {file name: write number of its last save there}
+        self.published = []  # (store, key) of the last places published
+        self.lock,self.watcher,self.exiting = threading.Lock(),None,threading.Event()
+
+    def number(self, prefix, at, name, site):
+        "How many saves of `name` from `site` this process has made at place `at`, this one included"
+        if any(k[1] != at for k in self.calls): self.calls.clear()  # a new place: the counts of the last one are done with
+        n = self.calls[prefix, at, name, site] = self.calls.get((prefix, at, name, site), 0) + 1
+        return n
+
+    def note_write(self, prefix, name, at, site, idx):
+        "On the writer: number this save in the store, say where it was called from; the key of its outcome"
+        store = group_store()
+        n = store.add(f"{prefix}/{name}/n", 1)  # numbered by the store: a run that torchrun restarts never reuses one
+        store.set(f"{prefix}/{name}/{_place(at)}/{site}/{idx}", str(n))
+        pg = _current_group()
+        with self.lock:
+            self.unpublished.setdefault((id(pg), prefix, at), {})[name] = n
+            if self.watcher is None or self.watcher.group is not pg: # one a group: a group formed again has a store of its own
+                # a connection of its own: a store client serves one request at a time, and the main thread may be waiting
+                self.watcher = threading.Thread(target=self.watch, args=(store.clone(), pg), daemon=True, name='ddp_safe_places')
+                self.watcher.group = pg
+                self.watcher.start()
+        return f"{prefix}/{name}/{n}"
+
+    def publish(self, store, done):
+        "Publish the saves made at each place of `done`, for the ranks that did not write"
+        for (prefix, at),names in done.items():
+            key = f"{prefix}/left/{_place(at)}"
+            store.set(key, pickle.dumps(names))
+            self.published[:] = [*self.published[1-self.published_kept:], (store, key)]
+
+    def take_left(self, pg, everything=False):
+        "The unpublished places of the process group `pg` that this process has left (all of them if `everything`, or once `pg` ended)"
+        now = sync_point(pg) if not everything and _current_group() is pg else None
+        with self.lock: return {k[1:]: self.unpublished.pop(k) for k in list(self.unpublished) if k[0] == id(pg) and k[2] != now}
+
+    def watch(self, store, pg):
+        "Publish the saves made at a place in `pg` as soon as this process leaves it: its next collective or meeting, or the group's end"
+        while not self.exiting.is_set():
+            self.publish(store, self.take_left(pg))
+            with self.lock:
+                if not any(k[0] == id(pg) for k in self.unpublished):
+                    if self.watcher is threading.current_thread(): self.watcher = None
+                    return
+            time.sleep(0.005)
+
+    def at_exit(self):
+        "Publish what is left to publish; if the store lives in this process, let the ranks that wait for it read it"
+        # the watcher stops first: a thread still in the store's C++ code when the interpreter ends aborts the process
+        self.exiting.set()
+        if self.watcher is not None: self.watcher.join(10)
         with suppress(Exception):
-            while int(store.add(f"{key}/read", 0)) < int(store.add(f"{key}/want", 0)) and time.monotonic() < end:
-                time.sleep(0.01)
-    _published.clear()  # the watcher's connection closes here, not in the interpreter's teardown
+            if (left := self.take_left(_current_group(), everything=True)): self.publish(group_store(), left)
+        end = time.monotonic() + _exit_wait
+        for store,key in self.published:
+            with suppress(Exception):
+                while int(store.add(f"{key}/read", 0)) < int(store.add(f"{key}/want", 0)) and time.monotonic() < end:
+                    time.sleep(0.01)
+        self.published.clear()  # the watcher's connection closes here, not in the interpreter's teardown
+
+save_matching = SaveMatching()  # this process's
+atexit.register(save_matching.at_exit)
 
 # %% ../nbs/02_persist.ipynb #c896392b
 def _outcome(store, key, file, timeout):
@@ -117,21 +119,27 @@ def _outcome(store, key, file, timeout):
                                       f"(raised on rank {rank_distrib()})") from e
     return pickle.loads(store.get(key))
 
-def _matching_write(store, prefix, name, file, at, site, idx, timeout):
-    "The number of the main process's save that answers this rank's: the same place, call site and count there"
+def _match(store, prefix, name, file, at, site, idx):
+    "The number of the main process's save that answers this rank's (the same place, call site and count there), if it is known yet"
     mine = f"{prefix}/{name}/{_place(at)}/{site}/{idx}"
+    if store.check([mine]): return int(store.get(mine))
+    left = f"{prefix}/left/{_place(at)}"
+    if not store.check([left]): return None
+    # it left this place without saving from there: its last save of the file there
+    if store.check([mine]): return int(store.get(mine))
+    saves = pickle.loads(store.get(left))
+    if name in saves: return saves[name]
+    raise CheckpointError(f"save {file}: rank {rank_distrib()} saved it but the main process did not, "
+        "between the same two collectives or meetings (every rank calls a save, or the main process alone)")
+
+def _matching_write(store, prefix, name, file, at, site, idx, timeout):
+    "The number of the main process's save that answers this rank's, waiting for it up to `timeout` seconds"
     left = f"{prefix}/left/{_place(at)}"
     store.add(f"{left}/want", 1)
     end,pause = time.monotonic() + timeout,0.001
     try:
         while time.monotonic() < end:
-            if store.check([mine]): return int(store.get(mine))
-            if store.check([left]): # it left this place without saving from there: its last save of the file there
-                if store.check([mine]): return int(store.get(mine))
-                saves = pickle.loads(store.get(left))
-                if name in saves: return saves[name]
-                raise CheckpointError(f"save {file}: rank {rank_distrib()} saved it but the main process did not, "
-                    "between the same two collectives or meetings (every rank calls a save, or the main process alone)")
+            if (n := _match(store, prefix, name, file, at, site, idx)) is not None: return n
             time.sleep(pause); pause = min(2*pause, 0.05) # `check` and a pause: a short `wait` logs a warning each time
     finally: store.add(f"{left}/read", 1)
     raise DistributedTimeoutError(f"save {file}: the main process did not save it within {timeout:g}s of rank "
@@ -144,6 +152,13 @@ def _wait_for_writer(prefix, name, file, at, site, idx, timeout):
         n = _matching_write(store, prefix, name, file, at, site, idx, timeout)
         return _outcome(store, f"{prefix}/{name}/{n}", file, timeout)
 
+def _writer_done(prefix, name, file, at, site, idx):
+    "On a rank that does not write: has the main process published the outcome of the save that answers this one? (no wait)"
+    store = group_store()
+    with store_reachable(f"save {file}"):
+        n = _match(store, prefix, name, file, at, site, idx)
+        return n is not None and store.check([f"{prefix}/{name}/{n}"])
+
 # %% ../nbs/02_persist.ipynb #775f7426
 _lowest_priority = 19  # the highest `nice` value: the CPU goes to any other thread first
 
@@ -151,34 +166,6 @@ def _yield_to_training():
     "Give the calling thread the lowest CPU priority, on Linux, where a thread has its own (elsewhere it is the process's)"
     if not sys.platform.startswith('linux'): return
     with suppress(OSError): os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _lowest_priority)  # a sandbox that forbids it: writes go on as they are
-
-_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_writer', initializer=_yield_to_training)  # one write at a time
-_copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_copier')  # copies are not queued behind writes
-_in_flight = []  # (file, work): main process: futures of background writes; other ranks: saves to hear about
-_copying = []  # futures of background copies: the tensors they read must not change until they are done
-_spare,_spare_lock = {},threading.Lock()  # {(shape, dtype): [host tensors]} that no write needs any more
-_staged = []  # the host tensors of the state staged last, for the next background save: spare again once it is written
-
-def _host_tensor(t):
-    "Host memory for a copy of `t`: a spare tensor of its shape and dtype if there is one, else a new one"
-    with _spare_lock:
-        free = _spare.get((t.shape, t.dtype))
-        if free: return free.pop()
-    return torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda) # pinned: faster copies from a GPU
-
-def host_copy(obj, # tensors, alone or in dicts, lists and tuples
-              later=(), # the `data_ptr`s of tensors whose copy may wait: their (tensor, copy) pairs go to `deferred`
-              deferred=None): # a list for those pairs
-    "`obj` with every tensor copied to host memory (or due to be, for those in `later`), so that training can change the originals"
-    if isinstance(obj, torch.Tensor):
-        t = obj.detach()
-        dest = _host_tensor(t)
-        if t.data_ptr() in later: deferred.append((t, dest))
-        else: dest.copy_(t)
-        return dest
-    if isinstance(obj, dict): return type(obj)((k, host_copy(v, later, deferred)) for k,v in obj.items())
-    if isinstance(obj, (list, tuple)): return type(obj)(host_copy(o, later, deferred) for o in obj)
-    return obj
 
 def tensors_in(obj):
     "The tensors in `obj`, alone or in dicts, lists and tuples"
@@ -189,25 +176,124 @@ def tensors_in(obj):
 def _copy_pairs(pairs):
     for t,dest in pairs: dest.copy_(t)
 
+# %% ../nbs/02_persist.ipynb #887d814a
+class SaveHandle:
+    "One background save, as `save_on_main(async_save=True)` gives it back: `done()`, `wait()`, `exception()`; a path to its file"
+    def __init__(self, file, # the file the save writes
+                 outcome, # outcome(timeout): None, or why the main process's write failed; waits for it
+                 ready): # ready(): is the outcome known, without waiting?
+        self.file,self._outcome,self._ready,self._failure,self.reported = Path(file),outcome,ready,None,False
+
+    def done(self):
+        "Is the save's outcome known (written, or failed)?"
+        return self.reported or self._ready()
+
+    def exception(self, timeout=None): # seconds to wait for the main process (default: `DDP_SAFE_TIMEOUT`)
+        "The `CheckpointError` the save ended with, or None, once it ended"
+        if not self.reported: self._failure,self.reported = self._outcome(timeout),True
+        return CheckpointError(self._failure) if self._failure else None
+
+    def wait(self, timeout=None): # seconds to wait for the main process (default: `DDP_SAFE_TIMEOUT`)
+        "Wait for the save: its file, or its `CheckpointError` raised (on every rank that waits)"
+        if (e := self.exception(timeout)): raise e
+        return self.file
+
+    def __fspath__(self): return str(self.file)
+    def __repr__(self): return f"{type(self).__name__}({str(self.file)!r}, {'done' if self.done() else 'in flight'})"
+
+# %% ../nbs/02_persist.ipynb #2e282c24
+class BackgroundSaves:
+    "The background saves of this process: a copier and a writer thread, the saves in flight in order, the host memory they reuse"
+    def __init__(self):
+        self.writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_writer', initializer=_yield_to_training)  # one write at a time
+        self.copier = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_copier')  # copies are not queued behind writes
+        self.in_flight = []  # `SaveHandle`s, oldest first: the same saves on every rank
+        self.copying = []  # futures of background copies: the tensors they read must not change until they are done
+        self.spare,self.spare_lock = {},threading.Lock()  # {(shape, dtype): [host tensors]} that no write needs any more
+        self.staged = []  # the host tensors of the state staged last, for the next write: spare again once it is written
+
+    def host_tensor(self, t):
+        "Host memory for a copy of `t`: a spare tensor of its shape and dtype if there is one, else a new one"
+        with self.spare_lock:
+            free = self.spare.get((t.shape, t.dtype))
+            if free: return free.pop()
+        return torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda) # pinned: faster copies from a GPU
+
+    def host_copy(self, obj, # tensors, alone or in dicts, lists and tuples
+                  later=(), # the `data_ptr`s of tensors whose copy may wait: their (tensor, copy) pairs go to `deferred`
+                  deferred=None): # a list for those pairs
+        "`obj` with every tensor copied to host memory (or due to be, for those in `later`), so that training can change the originals"
+        if isinstance(obj, torch.Tensor):
+            t = obj.detach()
+            dest = self.host_tensor(t)
+            if t.data_ptr() in later: deferred.append((t, dest))
+            else: dest.copy_(t)
+            return dest
+        if isinstance(obj, dict): return type(obj)((k, self.host_copy(v, later, deferred)) for k,v in obj.items())
+        if isinstance(obj, (list, tuple)): return type(obj)(self.host_copy(o, later, deferred) for o in obj)
+        return obj
+
+    def stage(self, obj, later=()):
+        "Stage: `obj` in host memory for the next write; the tensors in `later` are copied in the copier's thread meanwhile"
+        deferred = []
+        copy = self.host_copy(obj, set(later), deferred)
+        if deferred: self.copying.append(self.copier.submit(_copy_pairs, deferred))
+        self.staged = list(tensors_in(copy))
+        return copy
+
+    def wait_for_copies(self):
+        "Wait for the background copies of staged saves: call it before anything changes the tensors they read"
+        while self.copying: self.copying.pop(0).result()
+
+    def write(self, file, write, durable, key, needed):
+        "Write, on the main process: `file` in the writer's thread, after the copies staged for it; their memory is spare once it is done"
+        staged,self.staged = self.staged,[]
+        job = self.writer.submit(_write_and_publish, file, write, durable, key, list(self.copying), needed)
+        job.add_done_callback(lambda _: self.give_back(staged))
+        return self._add(SaveHandle(file, lambda timeout: job.result(), job.done))
+
+    def expect(self, file, match):
+        "Write, on a rank that does not: the main process's save that `match` names, whose outcome comes through the store"
+        return self._add(SaveHandle(file, partial(_wait_for_writer, *match), partial(_writer_done, *match)))
+
+    def _add(self, handle): self.in_flight.append(handle); return handle
+
+    def give_back(self, tensors):
+        "Make `tensors`, whose write is done, spare memory for the next staged copies"
+        with self.spare_lock:
+            for t in tensors: self.spare.setdefault((t.shape, t.dtype), []).append(t)
+
+    def _last_of(self, file):
+        "How many of the saves in flight to finish so that the last one of `file` is done (all of them if `file` is None)"
+        if file is None: return len(self.in_flight)
+        file = Path(file).absolute()
+        return next((i+1 for i in reversed(range(len(self.in_flight))) if self.in_flight[i].file == file), 0)
+
+    def finish(self, timeout=None, file=None):
+        "Finish: the saves in flight, until the last of `file` if given; the first failure not yet reported is raised (on every rank)"
+        for _ in range(self._last_of(file)):
+            h = self.in_flight.pop(0)
+            if not h.reported: h.wait(timeout)
+        # one at a time, like the writes: the next save does not race the freeing of the last one's blocks
+        if not self.in_flight: wait_for_closes()
+
+background_saves = BackgroundSaves()  # this process's
+
+# %% ../nbs/02_persist.ipynb #7ac4746d
+def host_copy(obj, later=(), deferred=None):
+    "`BackgroundSaves.host_copy` of this process"
+    return background_saves.host_copy(obj, later, deferred)
+
 def wait_for_copies():
     "Wait for the background copies of staged saves: call it before anything changes the tensors they read"
-    while _copying: _copying.pop(0).result()
+    background_saves.wait_for_copies()
 
 def stage_for_save(obj, # the state the next background save writes
                    scope='global', # the save's scope: who writes
                    later=()): # `data_ptr`s of tensors that stay as they are until `wait_for_copies`: copied in the background
     "On the rank that writes: `obj` in host memory for the next background save; the tensors in `later` are copied meanwhile"
     if not is_main_process(scope): return obj # a rank that does not write copies nothing
-    deferred = []
-    copy = host_copy(obj, set(later), deferred)
-    if deferred: _copying.append(_copier.submit(_copy_pairs, deferred))
-    _staged[:] = tensors_in(copy)
-    return copy
-
-def _give_back(tensors):
-    "Make `tensors`, whose write is done, spare memory for the next staged copies"
-    with _spare_lock:
-        for t in tensors: _spare.setdefault((t.shape, t.dtype), []).append(t)
+    return background_saves.stage(obj, later)
 
 # %% ../nbs/02_persist.ipynb #cacc73f3
 _written = {}  # on a writer: file -> the identity of the file this process last wrote there
@@ -245,25 +331,11 @@ def _raise_failure(failure):
     "The same error on every rank: the main process's failure to write a file"
     if failure: raise CheckpointError(failure)
 
-def _last_write_of(file):
-    "How many of the saves in flight to wait for so that the last one of `file` is done (all of them if `file` is None)"
-    if file is None: return len(_in_flight)
-    file = Path(file).absolute()
-    return next((i+1 for i in reversed(range(len(_in_flight))) if _in_flight[i][0] == file), 0)
-
-def _finish_writes(timeout, file=None):
-    "Wait for the background writes in flight, until the last of `file` if given; raise the first failure on every rank"
-    for _ in range(_last_write_of(file)):
-        _,work = _in_flight.pop(0)
-        _raise_failure(_wait_for_writer(*work, timeout) if isinstance(work, tuple) else work.result())
-    # one at a time, like the writes: the next save does not race the freeing of the last one's blocks
-    if not _in_flight: wait_for_closes()
-
 def flush_saves(timeout=None, # seconds to wait for the main process's writes
                 file=None): # only until the writes of this file are done (and those before them)
     "Wait for this rank's background copies and saves; raise `CheckpointError` on every rank if a write failed"
-    wait_for_copies()
-    _finish_writes(timeout, file)
+    background_saves.wait_for_copies()
+    background_saves.finish(timeout, file)
 
 # %% ../nbs/02_persist.ipynb #b07f673b
 def check_not_replaced(file, # the file this run saved and is about to read back
@@ -282,29 +354,29 @@ def save_on_main(file, # the file to write
                  scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
                  durable=True, # fsync the file and its directory before returning
                  timeout=None, # seconds to wait for the writer (default: `DDP_SAFE_TIMEOUT`)
-                 async_save=False, # write in a background thread and return at once (see `stage_for_save`)
+                 async_save=False, # write in a background thread and return a `SaveHandle` at once (see `stage_for_save`)
                  needed=None, # bytes the file needs on the disk, checked first (default: the size of the file it replaces)
                  upload_to=None, # also upload the file to this URL of object storage (`s3://bucket/key`...), before it is put in place
                  storage_options=None): # with `upload_to`: the fsspec file system's options (endpoint, credentials)
-    "Write `file` through `write` on the main process alone, atomically; every rank that calls it raises if that failed"
+    "Write `file` through `write` on the main process alone, atomically; every rank that calls it raises if that failed; the file, or a `SaveHandle`"
     file,scope = Path(file).absolute(),check_scope(scope)
     if upload_to is not None: write = _and_upload(write, upload_to, storage_options)
     distrib_timeout(timeout) # a bad timeout fails here on every rank, not only on those that wait
-    _finish_writes(timeout, file) # the writes of one file stay in order
+    background_saves.finish(timeout, file) # the writes of one file stay in order
     # inside `local_io`, or a process alone: nobody else hears of this save
     at = sync_point() if join_launched_group(timeout, f"save {file}") else None
     if at: # saves are matched by place in the run, call site, and count there: a save of rank 0 alone matches none
         prefix,site = _save_prefix(scope),call_site()
-        idx = _save_number(prefix, at, file.name, site)
+        idx = save_matching.number(prefix, at, file.name, site)
     if is_main_process(scope):
-        key = _note_write(prefix, file.name, at, site, idx) if at else None
-        if async_save: _in_flight.append((file, _background_write(file, write, durable, key, needed)))
-        else: _raise_failure(_write_and_publish(file, write, durable, key, needed=needed))
+        key = save_matching.note_write(prefix, file.name, at, site, idx) if at else None
+        if async_save: return background_saves.write(file, write, durable, key, needed)
+        _raise_failure(_write_and_publish(file, write, durable, key, needed=needed))
     elif at:
         # by name: ranks may reach one file by different paths (node mounts)
-        job = (prefix, file.name, file, at, site, idx)
-        if async_save: _in_flight.append((file, job))
-        else: _raise_failure(_wait_for_writer(*job, timeout))
+        match = (prefix, file.name, file, at, site, idx)
+        if async_save: return background_saves.expect(file, match)
+        _raise_failure(_wait_for_writer(*match, timeout))
     return file
 
 def _and_upload(write, url, storage_options):
@@ -314,13 +386,6 @@ def _and_upload(write, url, storage_options):
         write(tmp)
         upload_file(tmp, url, storage_options)
     return write_and_upload
-
-def _background_write(file, write, durable, key, needed):
-    "Start the write of `file` in the writer's thread, after the copies staged for it; their memory is spare once it is done"
-    staged,_staged[:] = list(_staged),[]
-    job = _writer.submit(_write_and_publish, file, write, durable, key, list(_copying), needed)
-    job.add_done_callback(lambda _: _give_back(staged))
-    return job
 
 @cache
 def _param_names(f): return set(inspect.signature(f).parameters)  # looked up once: it costs more than a small load's bookkeeping
