@@ -1,4 +1,4 @@
-"""Issue 22: a run killed at an epoch's end or inside an epoch resumes under `torchrun` on another number of ranks, one
+"""A run killed at an epoch's end or inside an epoch resumes under `torchrun` on another number of ranks, one
 node or two, with dropout, augmentation and `fit_one_cycle`; on the same number, bit for bit"""
 import json
 from collections import Counter

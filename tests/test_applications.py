@@ -1,4 +1,4 @@
-"Issue 10: the four fastai applications in `examples/`, run as users run them, under torchrun and accelerate launch"
+"The four fastai applications in `examples/`, run as users run them, under torchrun and accelerate launch"
 import os, sys, json, time, subprocess
 from pathlib import Path
 import pytest

@@ -1,4 +1,4 @@
-"Issue 5: asynchronous saves keep every guarantee of the synchronous ones"
+"Asynchronous saves keep every guarantee of the synchronous ones"
 import scenarios as s
 from conftest import values, needs_mounts
 

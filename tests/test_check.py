@@ -1,4 +1,4 @@
-"""Issue 5: the `ddp-safe-check` command, run as a user runs it: the installed console script, and under torchrun"""
+"""The `ddp-safe-check` command, run as a user runs it: the installed console script, and under torchrun"""
 import os, re, sys, subprocess
 from pathlib import Path
 from conftest import values, own_disks, needs_mounts

@@ -1,4 +1,4 @@
-"Issue 12: drop-in exact where fastai code relies on it, and one clear error on every rank for bad input"
+"Drop-in exact where fastai code relies on it, and one clear error on every rank for bad input"
 import subprocess, sys
 import scenarios as s
 from conftest import values, needs_mounts

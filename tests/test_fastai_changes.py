@@ -1,4 +1,4 @@
-"Issue 21: one table of what the library changes in fastai, fastai's originals pinned, and a census of fastai's writers kept true"
+"One table of what the library changes in fastai, fastai's originals pinned, and a census of fastai's writers kept true"
 import re, json, hashlib, inspect, importlib
 from pathlib import Path
 import pytest

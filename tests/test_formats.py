@@ -1,4 +1,4 @@
-"""Issue 22: the checkpoint format is versioned. Checkpoints written by 0.1.0 (format 1) and by this release (format 2)
+"""The checkpoint format is versioned. Checkpoints written by 0.1.0 (format 1) and by this release (format 2)
 are kept here, and must load; a newer format is refused on every rank, naming both; `ddp-safe-check inspect`"""
 import json, shutil, subprocess, sys
 from pathlib import Path

@@ -1,4 +1,4 @@
-"Issue 2: who am I, meeting without hanging, directories, whole files, fastai DDP on CPU"
+"Who am I, meeting without hanging, directories, whole files, fastai DDP on CPU"
 import sys, time, signal, random, subprocess, textwrap, shutil
 from pathlib import Path
 import pytest, torch

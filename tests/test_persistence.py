@@ -1,4 +1,4 @@
-"Issue 3: Learner, TextLearner, DataLoaders and SafeSaveModelCallback under DDP, on 2 CPU ranks"
+"Learner, TextLearner, DataLoaders and SafeSaveModelCallback under DDP, on 2 CPU ranks"
 import scenarios as s
 from conftest import values, needs_mounts
 from ddp_safe_fastai.launch import torchrun_ranks

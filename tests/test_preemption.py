@@ -1,4 +1,4 @@
-"Issue 14: a run that survives its cluster: SIGTERM to torchrun, SIGUSR1 to one rank, a worker killed under --max-restarts"
+"A run that survives its cluster: SIGTERM to torchrun, SIGUSR1 to one rank, a worker killed under --max-restarts"
 import os, sys, json, time, signal, subprocess
 from pathlib import Path
 import pytest

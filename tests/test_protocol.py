@@ -1,4 +1,4 @@
-"Issue 12: any order of saves and loads is correct: a fixed, seeded set of random programs on 2 and 3 real ranks"
+"Any order of saves and loads is correct: a fixed, seeded set of random programs on 2 and 3 real ranks"
 import sys, random, pytest
 import protocol_model as pm
 from ddp_safe_fastai.launch import torchrun_ranks, free_port, RanksStalled

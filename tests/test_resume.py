@@ -1,4 +1,4 @@
-"Issue 4: a DDP run killed with SIGKILL on every rank resumes, with the same command, to bitwise the same weights"
+"A DDP run killed with SIGKILL on every rank resumes, with the same command, to bitwise the same weights"
 import sys, time, random
 from pathlib import Path
 import pytest

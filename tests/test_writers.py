@@ -1,4 +1,4 @@
-"Issue 21: fastai's everyday writers under DDP (lr_find, CSVLogger, get_preds' files, tokenizer caches), on 2 CPU ranks"
+"fastai's everyday writers under DDP (lr_find, CSVLogger, get_preds' files, tokenizer caches), on 2 CPU ranks"
 import sys, json, time, importlib, subprocess
 from pathlib import Path
 import pytest
