@@ -264,7 +264,8 @@ class CheckpointCallback(Callback):
         room = self._room(self.root/name, state) if is_main_process(self.scope) else None
         rngs,rooms = zip(*exchange((rng or get_rng_state(), room), 'CheckpointCallback rng', timeout))
         raise_failures(rooms, f"CheckpointCallback {self.root/name}")  # on every rank, before anything is written
-        if self.async_save: state = stage_for_save(state, self.scope, later=step_tensors(self.learn.model, self.learn.opt))
+        if self.async_save and not timeout:  # staged for the background write; one with a timeout is written at once, from the state itself
+            state = stage_for_save(state, self.scope, later=step_tensors(self.learn.model, self.learn.opt))
         if is_main_process(self.scope): self.root.mkdir(parents=True, exist_ok=True) # where `latest` is written
         info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done),
                     fit=self.fit_no, world_size=world_size(), **({} if within else self._monitored()))

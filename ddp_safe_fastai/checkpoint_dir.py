@@ -4,7 +4,7 @@
 
 # %% ../nbs/41_checkpoint_dir.ipynb #6ceafe18
 from __future__ import annotations
-import json, zlib, hashlib, shutil
+import os, json, zlib, hashlib, shutil
 from contextlib import suppress
 from pathlib import Path
 from fastcore.basics import *
@@ -88,11 +88,13 @@ def copy_checked(src, # a file open for reading: a local one, or one fsspec open
                  dest, # the local file to write
                  f, # its name in the manifest, for the message
                  entry, # what the manifest says of it: its size and checksum
-                 chunk=2**22): # bytes read and written at a time
+                 chunk=2**22, # bytes read and written at a time
+                 durable=True): # fsync `dest` before returning
     "Copy `src` to `dest`, its checksum computed as the bytes pass; why the copy does not match `entry`, or None"
     h,size = _checksums[_kind(entry)](),0
     with open(dest, 'wb') as out:
         while b := src.read(chunk): out.write(b); h.update(b); size += len(b)
+        if durable: out.flush(); os.fsync(out.fileno())
     return _why_unlike(f, entry, size, h.hexdigest)
 
 # %% ../nbs/41_checkpoint_dir.ipynb #ecabee8c

@@ -9,6 +9,7 @@ from contextlib import suppress
 from pathlib import Path
 from fastcore.basics import *
 from .core import *
+from .files import atomic_write
 from .checkpoint_dir import *
 
 # %% auto #0
@@ -174,14 +175,27 @@ class ObjectStoreDir(StoredCheckpoints):
         for f,e in m['files'].items():
             why = self.get(dest/f, e, name, f, until=until)
             if why: raise CheckpointError(f"download {self.url}/{name} to {dest}: {why}")
-        (dest/'manifest.json').write_bytes(data)  # the manifest the files were checked against
+        atomic_write(dest/'manifest.json', lambda tmp: Path(tmp).write_bytes(data))  # the manifest the files were checked against, last
         return dest
 
+    def _open_uploads(self, bucket, prefix):
+        "The multipart uploads open under `prefix` of `bucket`, every page of the listing"
+        pages,more = [],{}
+        while True:
+            out = self.fs.call_s3('list_multipart_uploads', Bucket=bucket, Prefix=prefix, **more)
+            pages += out.get('Uploads', [])
+            if not out.get('IsTruncated'): return pages
+            more = dict(KeyMarker=out['NextKeyMarker'], UploadIdMarker=out['NextUploadIdMarker'])
+
     def abort_unfinished_uploads(self):
-        "Abort the multipart uploads under the URL that a killed run left open (S3 keeps their parts until then); their keys"
+        "Abort the multipart uploads of checkpoint files under the URL that a killed run left open (S3 keeps their parts until then); their keys"
         if not hasattr(self.fs, 'list_multipart_uploads'): return []  # a store without them, or one that drops them itself
         bucket,_,prefix = self.root.partition('/')
-        left = [u for u in self.fs.list_multipart_uploads(bucket) if u['Key'].startswith(f"{prefix}/" if prefix else '')]
+        prefix = f"{prefix}/" if prefix else ''
+        def ours(key):  # `<checkpoint>/<file>` under the prefix: not another run's under a longer prefix, nor anything else
+            name,_,f = key[len(prefix):].partition('/')
+            return bool(_checkpoint_name.fullmatch(name)) and f != '' and '/' not in f
+        left = [u for u in self._open_uploads(bucket, prefix) if ours(u['Key'])]
         for u in left: self.fs.call_s3('abort_multipart_upload', Bucket=bucket, Key=u['Key'], UploadId=u['UploadId'])
         return [u['Key'] for u in left]
 

@@ -178,18 +178,19 @@ def _copy_pairs(pairs):
 
 # %% ../nbs/02_persist.ipynb #887d814a
 class SaveHandle:
-    "One background save, as `save_on_main(async_save=True)` gives it back: `done()`, `wait()`, `exception()`; a path to its file"
+    "One background save, as `save_on_main(async_save=True)` gives it back: `done()`, `wait()`, `exception()` (on every rank, or on none); a path to its file"
     def __init__(self, file, # the file the save writes
                  outcome, # outcome(timeout): None, or why the main process's write failed; waits for it
                  ready): # ready(): is the outcome known, without waiting?
         self.file,self._outcome,self._ready,self._failure,self.reported = Path(file),outcome,ready,None,False
 
     def done(self):
-        "Is the save's outcome known (written, or failed)?"
-        return self.reported or self._ready()
+        "Is the save's outcome known (written, or failed)? It never raises: `wait` does"
+        try: return self.reported or self._ready()
+        except CheckpointError: return True  # the outcome is known: a failure, which `wait` raises
 
     def exception(self, timeout=None): # seconds to wait for the main process (default: `DDP_SAFE_TIMEOUT`)
-        "The `CheckpointError` the save ended with, or None, once it ended"
+        "The `CheckpointError` the save ended with, or None, once it ended (a timeout or a store that does not answer is raised)"
         if not self.reported: self._failure,self.reported = self._outcome(timeout),True
         return CheckpointError(self._failure) if self._failure else None
 
@@ -199,7 +200,7 @@ class SaveHandle:
         return self.file
 
     def __fspath__(self): return str(self.file)
-    def __repr__(self): return f"{type(self).__name__}({str(self.file)!r}, {'done' if self.done() else 'in flight'})"
+    def __repr__(self): return f"{type(self).__name__}({str(self.file)!r})"
 
 # %% ../nbs/02_persist.ipynb #2e282c24
 class BackgroundSaves:

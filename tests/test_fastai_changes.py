@@ -1,10 +1,12 @@
-"One table of what the library changes in fastai, fastai's originals pinned, and a census of fastai's writers kept true"
-import re, json, hashlib, inspect, importlib
+"The tables of what the library changes in fastai and in its process, fastai's originals pinned, and a census of fastai's writers kept true"
+import os, re, json, hashlib, inspect, importlib
 from pathlib import Path
 import pytest
 import fastai
 importlib.import_module('ddp_safe_fastai.all')  # every change in force
+from ddp_safe_fastai import changes, core
 from ddp_safe_fastai.changes import fastai_changes, fastai_writers, importable, fastai_version_of, current, unlisted_changes, unlisted_writers
+from ddp_safe_fastai.changes import process_changes, unlisted_process_changes
 
 PINS = json.loads((Path(__file__).parent/'fastai_originals.json').read_text())
 
@@ -23,6 +25,59 @@ def test_fastai_original_pinned(change):
 def test_no_unlisted_change():
     for m in ('fastai.text.all', 'fastai.tabular.all', 'fastai.collab'): importlib.import_module(m)  # what users import
     assert unlisted_changes() == []
+
+def test_no_unlisted_process_change():
+    "Every import hook, `sys.modules` change, environment variable, signal, exit hook and attribute of fastai's objects the library makes is listed"
+    for m in ('fastai.text.all', 'fastai.tabular.all', 'fastai.collab'): importlib.import_module(m)
+    assert unlisted_process_changes() == []
+
+@pytest.mark.parametrize('name,seen', [
+    ('_AfterImport', ('sys.meta_path', '_AfterImport', '')),
+    ('fastai.callback.progress', ('sys.modules', '', 'distributed:fastai_defaults_kept')),
+    ('bn_per_rank', ('runtime attribute', 'bn_per_rank', 'distributed:DistributedTrainer.__init__')),
+    ('resume_epoch', ('runtime attribute removed', 'resume_epoch', 'train_state:Learner._do_fit')),
+    ('get_idxs', ('runtime attribute', 'get_idxs', 'train_state:resume_pass')),
+    ('SIGTERM', None), # the row of SIGUSR1 names the same functions
+    ('core._stop_deleting', ('atexit.register', '', 'core:_stop_deleting'))])
+def test_unlisted_process_change_reported(monkeypatch, name, seen):
+    "A row taken out of `process_changes` is reported"
+    monkeypatch.setattr(changes, 'process_changes', [p for p in process_changes if p.name != name])
+    assert seen in unlisted_process_changes() if seen else unlisted_process_changes() == []
+
+def test_fastai_originals_kept_are_of_listed_changes(monkeypatch):
+    "A `_fastai_<name>` on a fastai class whose `<name>` `fastai_changes` does not list is reported"
+    from fastai.learner import Learner
+    monkeypatch.setattr(Learner, '_fastai_fit', Learner.fit, raising=False)
+    assert unlisted_process_changes() == [('fastai.learner.Learner', '_fastai_fit', '')]
+
+class _Topology:
+    def local_rank(self, r): return r
+    def local_size(self, r): return 3
+
+def _environ_written(monkeypatch, f):
+    "The variables of `os.environ` that `f()` adds, where none of the launchers' is set"
+    for k in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'MASTER_ADDR', 'MASTER_PORT',
+              'TORCHELASTIC_USE_AGENT_STORE'): monkeypatch.setenv(k, ''); monkeypatch.delenv(k) # given back after the test
+    before = set(os.environ)
+    f()
+    return set(os.environ) - before
+
+def _listed_env(fn): return {p.name for p in process_changes if p.kind == 'environment' and f"core:{fn}" in p.by.split()}
+
+def test_share_launch_env_writes_listed(monkeypatch):
+    "`share_launch_env` writes the variables its rows name: a group of 3 ranks, faked"
+    for k,v in dict(group_ready=lambda: True, topology=_Topology, rank_distrib=lambda: 1, num_distrib=lambda: 3).items():
+        monkeypatch.setattr(core, k, v)
+    assert _environ_written(monkeypatch, core.share_launch_env) == _listed_env('share_launch_env') != set()
+
+def test_slurm_defaults_listed(monkeypatch):
+    "A SLURM step without torchrun: `_rendezvous` writes the variables its rows name"
+    for k,v in dict(SLURM_STEP_NUM_TASKS='2', SLURM_NTASKS='2', SLURM_PROCID='0', SLURM_JOB_ID='4242', SLURM_JOB_NODELIST='node[1-2]').items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv('SLURM_STEP_NODELIST', raising=False)
+    assert core.slurm_step()
+    assert _environ_written(monkeypatch, lambda: core._rendezvous('test')) == _listed_env('_rendezvous') != set()
+    assert os.environ['MASTER_ADDR'] == 'node1' and os.environ['MASTER_PORT'] == '19242'
 
 def test_census_lists_every_writer():
     "Every function of the installed fastai that writes a file is in the census"

@@ -165,15 +165,15 @@ def test_kill_during_an_upload(tmp_path, swift):
     assert not fs.exists(url[5:]+'/epoch_0002/manifest.json')
     # what a kill inside an upload of over 100 MiB leaves (s3fs sends it in parts): an open multipart upload, its part stored
     bucket = url[5:].split('/')[0]
-    for key in ('run/epoch_0002/state.pth', 'other/state.pth'):  # the second, another run's, is not this run's to abort
+    for key in ('run/epoch_0002/state.pth', 'other/state.pth', 'run/sub/epoch_0001/state.pth'):  # another run's, and a run's under a longer prefix
         upload = fs.call_s3('create_multipart_upload', Bucket=bucket, Key=key)
         fs.call_s3('upload_part', Bucket=bucket, Key=key, UploadId=upload['UploadId'], PartNumber=1, Body=bytes(5*2**20))
-    assert sorted(u['Key'] for u in fs.list_multipart_uploads(bucket)) == ['other/state.pth', 'run/epoch_0002/state.pth']
+    assert sorted(u['Key'] for u in fs.list_multipart_uploads(bucket)) == ['other/state.pth', 'run/epoch_0002/state.pth', 'run/sub/epoch_0001/state.pth']
     shutil.rmtree(tmp_path/'a')
     r0,r1 = values(torchrun_ranks(fit_with_ballast, str(tmp_path/'a'), url, 3, init=False, timeout=240, env=swift.env))
     assert r0['resumed_from'] == r1['resumed_from'] == 'epoch_0001'
     assert fs.cat_file(url[5:]+'/latest') == b'epoch_0003'
-    assert [u['Key'] for u in fs.list_multipart_uploads(bucket)] == ['other/state.pth']
+    assert sorted(u['Key'] for u in fs.list_multipart_uploads(bucket)) == ['other/state.pth', 'run/sub/epoch_0001/state.pth']
 
 def save_to_urls(root, bucket):
     "A fit with `SafeSaveModelCallback('s3://...')`, then `export('s3://...')`, then an export to a missing bucket: what each gave"
