@@ -1,8 +1,8 @@
 """Checkpoints in object storage, measured side by side in one run against a real OpenStack Swift with its S3 API on
 this machine (tools/swift.sh, started and stopped here; issue 34): the upload of a committed checkpoint against plain
 s3fs `put_file`s of the same files; the download of a resume against plain `get_file`s; on 2 ranks under torchrun, an
-epoch of a fit that checkpoints to the bucket after every epoch against one that checkpoints nothing, and the host
-memory rank 0 holds above the fit without checkpoints, in checkpoints (with glibc's default allocator, which gives
+epoch of a fit that checkpoints to the bucket after every epoch against one that checkpoints nothing (and one that
+checkpoints to a local directory only), and the host memory rank 0 holds above the fit without checkpoints, in checkpoints (with glibc's default allocator, which gives
 large blocks back: run it without tools/bench.sh's `MALLOC_*` settings, under which freed memory stays resident).
 
     .venv-latest/bin/python benchmarks/object_store.py"""
@@ -53,11 +53,12 @@ def fits(root, url, reps=2, n_epoch=4):
     "On each rank: the median epoch, plain and checkpointed to `url` after every epoch (in turns), and the peak extra memory of each"
     learn = synth_learner(n=2**12, path=Path(root), seed=1)
     learn.model.register_buffer('ballast', torch.randn(2**23))  # 32 MiB: each checkpoint takes a while to upload
-    got = {'plain': ([], []), 'bucket': ([], [])}
-    for i in range(2*reps):
-        key = ['plain', 'bucket'][i % 2]
+    got = {'plain': ([], []), 'local': ([], []), 'bucket': ([], [])}
+    for i in range(3*reps):
+        key = list(got)[i % 3]
         times = EpochTimes()
-        cbs = [times] + ([CheckpointCallback(f"{url}/fit{i}", resume=False)] if key == 'bucket' else [])
+        cbs = [times] + ([CheckpointCallback(f"{url}/fit{i}", resume=False)] if key == 'bucket' else
+                         [CheckpointCallback(f"local{i}", resume=False)] if key == 'local' else [])
         with learn.distrib_ctx(): learn.fit(n_epoch, 1e-3, cbs=cbs)
         got[key][0].extend(times.times[1:]); got[key][1].append(times.peak)  # the first epoch warms up
     return {k: (statistics.median(t), max(m)) for k,(t,m) in got.items()}, state_bytes(learn.model.state_dict())
@@ -81,9 +82,10 @@ if __name__ == '__main__':
             assert all(o.ok for o in outcomes), [o.error for o in outcomes]
             for r,o in enumerate(outcomes):
                 res,ckpt_bytes = o.value
-                (plain,mem_plain),(bucket_t,mem_bucket) = res['plain'],res['bucket']
-                print(f"rank {r}: median epoch {plain:.2f} s without checkpoints, {bucket_t:.2f} s checkpointing to the bucket after "
-                      f"each ({ckpt_bytes/2**20:.0f} MiB): {bucket_t/plain:.3f}x" + (
-                      f"; most memory above the fit's start: {mem_plain/2**20:.0f} MiB plain, {mem_bucket/2**20:.0f} MiB with uploads "
+                (plain,mem_plain),(local_t,mem_local),(bucket_t,mem_bucket) = res['plain'],res['local'],res['bucket']
+                print(f"rank {r}: median epoch {plain:.2f} s without checkpoints, {local_t:.2f} s checkpointing locally, {bucket_t:.2f} s "
+                      f"checkpointing to the bucket after each ({ckpt_bytes/2**20:.0f} MiB): {bucket_t/plain:.3f}x" + (
+                      f"; most memory above the fit's start: {mem_plain/2**20:.0f} MiB plain, {mem_local/2**20:.0f} MiB with local "
+                      f"checkpoints ({(mem_local-mem_plain)/ckpt_bytes:.2f} checkpoints), {mem_bucket/2**20:.0f} MiB with uploads "
                       f"({(mem_bucket-mem_plain)/ckpt_bytes:.2f} checkpoints)" if r == 0 else ''))
         finally: subprocess.run([str(tools/'swift.sh'), 'stop', str(server)])

@@ -294,17 +294,15 @@ process_changes = [
     *_prows('attribute added', "each owner of a replaced attribute of `fastai_changes`", '_fastai_<name>',
             "fastai's own version, kept beside the library's (`fastai_original`)", "the library's version calls it, and the tests pin its "
             "source: a fastai release that changes it is noticed", 'distributed:fastai_original'),
-    *_prows('runtime attribute', 'fastai.learner.Learner', 'resume_epoch', "the epoch a resumed fit starts at: set in `before_fit`, popped "
-            "by `Learner._do_fit`", "fastai's epoch loop starts at 0 and has no argument for another",
-            'train_state:apply_state checkpoint:CheckpointCallback._resume train_state:Learner._do_fit'),
-    *_prows('runtime attribute', 'fastai.learner.Learner', 'resume_iter', "the batch a resumed epoch counts from: set in `before_train`, "
-            "popped by `Learner.all_batches`", "fastai's batch loop counts from 0",
-            'train_state:resume_within_epoch train_state:Learner.all_batches checkpoint:CheckpointCallback.before_train'),
-    *_prows('runtime attribute', 'fastai.data.load.DataLoader', 'resume_rng', "the random states a resumed epoch had: set in `before_train`, "
-            "popped by `DataLoader.sample`", "put back before the pass drew its seed, they would be drawn over",
-            'train_state:resume_within_epoch train_state:DataLoader.sample'),
+    *_prows('runtime attribute', 'fastai.learner.Learner', 'resume_point', "the `ResumePoint` of a resumed fit (its epoch; inside it, "
+            "the batch, what the ranks trained on, the random states): given in `before_fit`, taken by the loops, removed as the fit's "
+            "epoch loop ends (`resuming`)", "fastai's loops start at epoch 0 and batch 0 and have no argument for another",
+            'train_state:apply_state checkpoint:CheckpointCallback._resume train_state:resuming'),
+    *_prows('runtime attribute', 'fastai.data.load.DataLoader', 'resume_rng', "the random states a resumed epoch had: set for its training "
+            "pass alone (`ResumePoint.training_pass`), popped by `DataLoader.sample`", "put back before the pass drew its seed, they would be drawn over",
+            'train_state:ResumePoint.training_pass train_state:DataLoader.sample'),
     *_prows('runtime attribute', 'fastai.data.load.DataLoader', 'get_idxs', "an instance's own, over the class's for one pass, deleted once "
-            "used: the order drawn as usual less what the ranks trained on (`resume_pass`); an order drawn already (`text`)",
+            "used, and gone when the block ends: the order drawn as usual less what the ranks trained on (`resume_pass`); an order drawn already (`text`)",
             "`DistributedDL` and fastai's loop call the loader's `get_idxs`: there is no argument to give an order",
             'train_state:resume_pass train_state:resume_pass.get_idxs text:_drawn'),
     *_prows('runtime attribute', 'fastai.distributed.DistributedTrainer', 'bn_per_rank', "`sync_bn` asked for on CPU: `before_fit` says "

@@ -175,7 +175,7 @@ class CheckpointCallback(Callback):
         if manifest.get('fit', 0) < self.fit_no: return # one of an earlier fit: this fit starts afresh
         if manifest.get('fit', 0) > self.fit_no:
             _say(f"fit {self.fit_no} was done in an earlier run ({name} is of fit {manifest['fit']}): skipping it")
-            self.learn.resume_epoch = self.n_epoch
+            self.learn.resume_point = ResumePoint(self.n_epoch)
             return
         if self.store: self._download(name)
         self._restore(self.root/name, manifest)
@@ -188,7 +188,7 @@ class CheckpointCallback(Callback):
         apply_state(self.learn, state, rng, what=f"resume {ckpt}")
         if state['done']: self.within = (state, rng)
         saved,now = manifest.get('world_size', 1),world_size()
-        at,batch = self.learn.resume_epoch,f", batch {state['iter']}" if state['done'] else ''
+        at,batch = self.learn.resume_point.epoch,f", batch {state['iter']}" if state['done'] else ''
         _say(f"fit {self.fit_no} resumed from {ckpt.name}: " + (f"epoch {at} of {self.n_epoch}{batch}" if at < self.n_epoch else
              "it had finished or stopped early; nothing left to train"))
         if saved != now: _say(f"{ckpt.name} was saved on {saved} rank(s), this run has {now}: it goes on from the same "
@@ -198,12 +198,11 @@ class CheckpointCallback(Callback):
 
     def before_train(self):
         "Note the DataLoaders' shuffling state as the epoch starts; in an epoch resumed within, go on with what is left"
-        self.done = []
+        self.done,self.segment_start = [],0
         if self.within:
             state,_ = self.within
-            resume_within_epoch(self.learn, *self.within)
+            self.segment_start = resume_within_epoch(self.learn, *self.within)
             self.within,self.done = None,list(state['done'])
-        self.segment_start = self.learn.__dict__.get('resume_iter', 0)
         self.epoch_dl_rng = [dl.rng.getstate() for dl in inner_dls(self.learn)]
 
     def before_batch(self):

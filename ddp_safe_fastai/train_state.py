@@ -5,6 +5,7 @@
 # %% ../nbs/40_train_state.ipynb #cd91ae16
 from __future__ import annotations
 import random, hashlib
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 import numpy as np, torch
 from fastcore.basics import *
@@ -21,8 +22,8 @@ with fastai_defaults_kept():
 
 # %% auto #0
 __all__ = ['FORMAT', 'get_rng_state', 'set_rng_state', 'derived_rng_state', 'rng_state_for', 'epoch_remainder', 'resume_pass',
-           'callback_state', 'load_callback_state', 'inner_dls', 'world_size', 'epoch_fraction', 'capture_state',
-           'upgrade_state', 'apply_state', 'resume_within_epoch']
+           'ResumePoint', 'resuming', 'callback_state', 'load_callback_state', 'inner_dls', 'world_size',
+           'epoch_fraction', 'capture_state', 'upgrade_state', 'apply_state', 'resume_within_epoch']
 
 # %% ../nbs/40_train_state.ipynb #f83374bc
 FORMAT = 2 # the checkpoint format this release writes: `capture_state`'s keys, in `state.pth`, `rng.pth` and `manifest.json`
@@ -73,38 +74,74 @@ def epoch_remainder(idxs, # the epoch's indices, in the order its DataLoader dre
     return idxs
 
 # %% ../nbs/40_train_state.ipynb #898b2c11
+@contextmanager
 def resume_pass(dl, # the DataLoader the resumed epoch trains on (not a `DistributedDL`: the one it wraps)
                 done, # see `epoch_remainder`
                 whole=False): # the ranks get whole batches (a language model's loader)
-    "Make `dl`'s next pass draw its order as usual, then keep what no rank trained on"
+    "Inside the block, `dl`'s next pass draws its order as usual, then keeps what no rank trained on"
     def get_idxs():
-        del dl.get_idxs
+        del dl.get_idxs  # one pass: the class's again for the next
         return epoch_remainder(list(dl.get_idxs()), done, dl.bs, dl.drop_last, whole)
     dl.get_idxs = get_idxs
+    try: yield dl
+    finally: dl.__dict__.pop('get_idxs', None)
+
+# %% ../nbs/40_train_state.ipynb #8c5a2881
+class ResumePoint:
+    "Where a resumed fit goes on, for fastai's loops: the epoch the fit starts at and, inside that epoch, where its training pass goes on"
+    def __init__(self, epoch): # the epoch the fit's loop starts at (`n_epoch`: nothing left to train)
+        self.epoch,self.within = epoch,None
+
+    def inside_epoch(self, iter, # the number of the training pass's first batch
+                     done, # what the ranks trained on of the epoch (see `epoch_remainder`)
+                     rng, # this rank's random states after the batch it stopped after
+                     whole=False): # the ranks get whole batches (a language model's loader)
+        "The resumed epoch's training pass goes on from batch `iter` with what no rank trained on, and the random states `rng`"
+        self.within = (iter, done, rng, whole)
+
+    @contextmanager
+    def training_pass(self, dl): # the DataLoader of the pass: a `DistributedDL` or the one it wraps
+        "Taken once, by the resumed epoch's training pass: the number of its first batch; `dl`'s order and random states as they were, until the pass ends"
+        iter,done,rng,whole = self.within
+        self.within = None
+        with resume_pass(getattr(dl, 'dl', dl), done, whole):
+            dl.resume_rng = rng  # `DataLoader.sample` puts them back once the pass has drawn its seed
+            try: yield iter
+            finally: dl.__dict__.pop('resume_rng', None)
+
+# %% ../nbs/40_train_state.ipynb #ef454bee
+@contextmanager
+def resuming(learn:Learner):
+    "The `ResumePoint` given to `learn` for this fit (None: it starts at epoch 0), until the fit's epoch loop ends, however it ends"
+    try: yield learn.__dict__.get('resume_point')
+    finally: learn.__dict__.pop('resume_point', None)
 
 # %% ../nbs/40_train_state.ipynb #0d86560c
 _fastai_do_fit = fastai_original(Learner, '_do_fit')
 
 @patch
 def _do_fit(self:Learner):
-    "fastai's epoch loop, starting at the epoch a `CheckpointCallback` restored in `before_fit` (else at 0); the callbacks' `after_fit_raised` hear of an exception that ends it"
-    try:
-        for epoch in range(self.__dict__.pop('resume_epoch', 0), self.n_epoch):
-            self.epoch = epoch
-            self._with_events(self._do_epoch, 'epoch', CancelEpochException)
-    except CancelFitException: raise
-    except BaseException as e: # KeyboardInterrupt and SystemExit too: a callback may have to let go of what the fit held
-        for cb in self.cbs: # fastai has no event for it
-            if hasattr(cb, 'after_fit_raised'): cb.after_fit_raised(e)
-        raise
+    "fastai's epoch loop, starting at the epoch of the `ResumePoint` a `CheckpointCallback` gave in `before_fit` (else at 0); the callbacks' `after_fit_raised` hear of an exception that ends it"
+    with resuming(self) as start:
+        try:
+            for epoch in range(start.epoch if start else 0, self.n_epoch):
+                self.epoch = epoch
+                self._with_events(self._do_epoch, 'epoch', CancelEpochException)
+        except CancelFitException: raise
+        except BaseException as e: # KeyboardInterrupt and SystemExit too: a callback may have to let go of what the fit held
+            for cb in self.cbs: # fastai has no event for it
+                if hasattr(cb, 'after_fit_raised'): cb.after_fit_raised(e)
+            raise
 
 _fastai_all_batches = fastai_original(Learner, 'all_batches')
 
 @patch
 def all_batches(self:Learner):
-    "fastai's batch loop, counting from the batch a `CheckpointCallback` resumes at (else from 0)"
+    "fastai's batch loop; the pass a `ResumePoint` goes on inside counts from the batch it resumes at (else from 0)"
     self.n_iter = len(self.dl)
-    for o in enumerate(self.dl, self.__dict__.pop('resume_iter', 0)): self.one_batch(*o)
+    point = self.__dict__.get('resume_point')
+    with point.training_pass(self.dl) if point and point.within else nullcontext(0) as start:
+        for o in enumerate(self.dl, start): self.one_batch(*o)
 
 _fastai_sample = fastai_original(DataLoader, 'sample')
 
@@ -192,7 +229,7 @@ def apply_state(learn:Learner, # the Learner, in `before_fit`
                 state:dict, # a training state in this release's `FORMAT`
                 rng:dict, # this rank's random states (`rng_state_for`)
                 what='resume'): # the checkpoint, for messages
-    "Put `learn` where `state` was; inside an epoch, the rest waits for `resume_within_epoch`"
+    "Put `learn` where `state` was, and give it the `ResumePoint` of the fit; inside an epoch, the rest waits for `resume_within_epoch`"
     _check_callbacks(learn, state, what)
     apply_model_state(state['model'], learn.model, learn.opt)
     rec = learn.recorder
@@ -201,26 +238,26 @@ def apply_state(learn:Learner, # the Learner, in `before_fit`
     rec.smooth_loss.count,rec.smooth_loss.val = state['smooth_count'],torch.tensor(state['smooth_loss'])
     for cb,(_,st) in zip(_stateful_callbacks(learn), state['callbacks']): load_callback_state(cb, st)
     learn.train_iter = state['train_iter']
-    if state['done']: learn.resume_epoch = state['epoch']; return
+    if state['done']: learn.resume_point = ResumePoint(state['epoch']); return
     for dl,st in zip(inner_dls(learn), state['dl_rng']): dl.rng.setstate(st)
-    learn.resume_epoch = learn.n_epoch if state['stopped'] else state['epoch'] # stopped early: done
+    learn.resume_point = ResumePoint(learn.n_epoch if state['stopped'] else state['epoch']) # stopped early: done
     set_rng_state(rng)
 
 # %% ../nbs/40_train_state.ipynb #4c70a75b
 def resume_within_epoch(learn:Learner, # the Learner, in `before_train` of the resumed epoch
                         state:dict, # the training state `apply_state` was given
                         rng:dict): # this rank's random states
-    "The epoch's shuffle as it started, less what the ranks trained on; the batch count, schedule and metrics where they were"
+    "The epoch's shuffle as it started, less what the ranks trained on; the batch count, schedule and metrics where they were; the batch the pass goes on from"
     dl,inner = learn.dl,getattr(learn.dl, 'dl', learn.dl)
     for d,st in zip(inner_dls(learn), state['epoch_dl_rng']): d.rng.setstate(st)
     whole = any(c.__name__ == 'LMDataLoader' for c in type(inner).__mro__) # without importing fastai.text
-    resume_pass(inner, state['done'], whole)
-    dl.resume_rng = rng
-    if state['done'][-1][0] == world_size(): learn.resume_iter,learn.pct_train = state['iter'],state['pct_train']
+    if state['done'][-1][0] == world_size(): iter,learn.pct_train = state['iter'],state['pct_train']
     else:
         left = len(epoch_remainder(list(range(inner.n)), state['done'], inner.bs, inner.drop_last, whole))
         mine = len(deal(list(range(left)), world_size(), inner.bs if whole else None)[0])
-        learn.resume_iter = max(len(dl) - _share_batches(mine, inner.bs, inner.drop_last), 0)
-        learn.pct_train = (learn.epoch + learn.resume_iter/len(dl)) / learn.n_epoch
+        iter = max(len(dl) - _share_batches(mine, inner.bs, inner.drop_last), 0)
+        learn.pct_train = (learn.epoch + iter/len(dl)) / learn.n_epoch
+    learn.resume_point.inside_epoch(iter, state['done'], rng, whole)
     for m,st in zip(learn.recorder._train_mets[1:], state['train_mets']): m.__dict__.update(st)
     if inner.fake_l.num_workers: set_rng_state(rng)  # not in `sample`, which runs in the workers
+    return iter

@@ -35,7 +35,7 @@ def test_no_unlisted_process_change():
     ('_AfterImport', ('sys.meta_path', '_AfterImport', '')),
     ('fastai.callback.progress', ('sys.modules', '', 'distributed:fastai_defaults_kept')),
     ('bn_per_rank', ('runtime attribute', 'bn_per_rank', 'distributed:DistributedTrainer.__init__')),
-    ('resume_epoch', ('runtime attribute removed', 'resume_epoch', 'train_state:Learner._do_fit')),
+    ('resume_point', ('runtime attribute removed', 'resume_point', 'train_state:resuming')),
     ('get_idxs', ('runtime attribute', 'get_idxs', 'train_state:resume_pass')),
     ('SIGTERM', None), # the row of SIGUSR1 names the same functions
     ('core._stop_deleting', ('atexit.register', '', 'core:_stop_deleting'))])
