@@ -49,13 +49,13 @@ class EpochTimes(Callback):
     def after_epoch(self): self.times.append(time.perf_counter() - self.t)
     def after_fit(self): flush_saves(); self.done.set(); self.sampler.join()
 
-def fits(root, url, reps=2, n_epoch=4):
-    "On each rank: the median epoch, plain and checkpointed to `url` after every epoch (in turns), and the peak extra memory of each"
+def fits(root, url, reps=2, n_epoch=4, arms=('plain', 'local', 'bucket')):
+    "On each rank: the median epoch of each of `arms` (no checkpoint, one in a local directory, in `url`: in turns) and its peak extra memory"
     learn = synth_learner(n=2**12, path=Path(root), seed=1)
     learn.model.register_buffer('ballast', torch.randn(2**23))  # 32 MiB: each checkpoint takes a while to upload
-    got = {'plain': ([], []), 'local': ([], []), 'bucket': ([], [])}
-    for i in range(3*reps):
-        key = list(got)[i % 3]
+    got = {k: ([], []) for k in arms}
+    for i in range(len(arms)*reps):
+        key = arms[i % len(arms)]
         times = EpochTimes()
         cbs = [times] + ([CheckpointCallback(f"{url}/fit{i}", resume=False)] if key == 'bucket' else
                          [CheckpointCallback(f"local{i}", resume=False)] if key == 'local' else [])
