@@ -40,6 +40,7 @@ def checksum(path, # the file
         while b := f.read(chunk): h.update(b)
     return h.hexdigest()
 
+# %% ../nbs/41_checkpoint_dir.ipynb #04aeafa7
 def write_manifest(ckpt, # the checkpoint's directory
                    files, # the names of its files, written and flushed
                    **info): # what the checkpoint is: epoch, iter, fit, world_size...
@@ -48,6 +49,7 @@ def write_manifest(ckpt, # the checkpoint's directory
     info = dict(format=FORMAT, library=__version__, **info, files=entries)
     atomic_write(ckpt/'manifest.json', lambda tmp: Path(tmp).write_text(json.dumps(info, indent=1)))
 
+# %% ../nbs/41_checkpoint_dir.ipynb #817ab3fc
 def parse_manifest(data): # the bytes of a `manifest.json`, or None
     "The manifest `data` holds (a format 1 manifest says format 1), or None"
     try: return None if data is None else {'format': 1, **json.loads(data)}
@@ -58,6 +60,7 @@ def read_manifest(ckpt):
     try: return parse_manifest((Path(ckpt)/'manifest.json').read_bytes())
     except OSError: return None
 
+# %% ../nbs/41_checkpoint_dir.ipynb #560a99fc
 def _why_unlike(f, # the file's name
                 entry, # what the manifest says of it
                 size, # its bytes

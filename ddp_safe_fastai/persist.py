@@ -388,6 +388,7 @@ def _and_upload(write, url, storage_options):
         upload_file(tmp, url, storage_options)
     return write_and_upload
 
+# %% ../nbs/02_persist.ipynb #b30aff95
 @cache
 def _param_names(f): return set(inspect.signature(f).parameters)  # looked up once: it costs more than a small load's bookkeeping
 
@@ -396,6 +397,7 @@ def split_kwargs(kwargs, f):
     names = _param_names(f)
     return {k:v for k,v in kwargs.items() if k in names}, {k:v for k,v in kwargs.items() if k not in names}
 
+# %% ../nbs/02_persist.ipynb #590055a3
 @delegates(save_on_main, but='write')
 def save_state(obj, # what `torch.save` writes
                file, # the file to write

@@ -1,6 +1,7 @@
 """How many exported cells of the notebooks hold more than one definition (a `def` or a `class` at the cell's top
-level), as fastai's rhythm has one a cell: prose, the definition, its example. Usage: `python tools/definitions.py
-[--list] [notebook ...]` (default: all of `nbs/`); `--list` names each such cell with its definitions."""
+level), and more than one public one (a name without a leading `_`), as fastai's rhythm has one a cell: prose, the
+definition, its example. Usage: `python tools/definitions.py [--list] [notebook ...]` (default: all of `nbs/`);
+`--list` names each cell of several definitions with them."""
 import re, ast, sys, json
 from pathlib import Path
 
@@ -21,11 +22,12 @@ def exported_cells(nb):
 
 if __name__ == '__main__':
     args = [a for a in sys.argv[1:] if a != '--list']
-    total = many = 0
+    total = many = public = 0
     for nb in (map(Path, args) if args else sorted(NBS.glob('*.ipynb'))):
         for cid,d in exported_cells(nb):
             total += 1
+            public += sum(not n.startswith('_') for n in d) > 1
             if len(d) > 1:
                 many += 1
                 if '--list' in sys.argv: print(f"{nb.name} #{cid}: {len(d)}: {', '.join(d)}")
-    print(f"{many} of the {total} exported cells that define something hold more than one definition")
+    print(f"{many} of the {total} exported cells that define something hold more than one definition; {public} more than one public one")
