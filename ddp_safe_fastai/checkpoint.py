@@ -263,8 +263,8 @@ class CheckpointCallback(Callback):
         room = self._room(self.root/name, state) if is_main_process(self.scope) else None
         rngs,rooms = zip(*exchange((rng or get_rng_state(), room), 'CheckpointCallback rng', timeout))
         raise_failures(rooms, f"CheckpointCallback {self.root/name}")  # on every rank, before anything is written
-        if self.async_save and not timeout:  # staged for the background write; one with a timeout is written at once, from the state itself
-            state = stage_for_save(state, self.scope, later=step_tensors(self.learn.model, self.learn.opt))
+        background = self.async_save and not timeout  # one with a timeout is written at once, from the state itself: nothing staged
+        if background: state = stage_for_save(state, self.scope, later=step_tensors(self.learn.model, self.learn.opt))
         if is_main_process(self.scope): self.root.mkdir(parents=True, exist_ok=True) # where `latest` is written
         info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done),
                     fit=self.fit_no, world_size=world_size(), **({} if within else self._monitored()))
@@ -273,7 +273,7 @@ class CheckpointCallback(Callback):
         # the checkpoint of an exception is committed here alone: an upload would outlast the other ranks' short wait
         upload = partial(self.store.upload, keep=self.keep, keep_best=self.keep_best) if self.store and not timeout else None
         commit = partial(_commit_and_upload, self.dir, upload, name, {'state.pth': state, 'rng.pth': list(rngs)}, info, {self.resumed_from})
-        save_on_main(self.root/'latest', commit, self.scope, self.durable, timeout, async_save=self.async_save and not timeout)
+        save_on_main(self.root/'latest', commit, self.scope, self.durable, timeout, async_save=background)
 
     def after_fit_raised(self, e):
         "Give the signals back; with `on_exception`, checkpoint the last training batch done, if it was of this epoch and every rank comes soon"
