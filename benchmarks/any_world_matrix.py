@@ -1,11 +1,12 @@
-"""Issue 22's matrix: a run of `tests/scenarios.any_world_fit` (dropout, noise, `fit_one_cycle`, 96 samples in batches
-of 8) SIGKILLed under `torchrun` after a checkpoint at an epoch's end or inside an epoch, resumed on another world size;
-what the resume trained, and the samples of the interrupted epoch fed twice or never. Not part of the tests, which
-assert the same cases (`tests/test_any_world.py`); run `../.venv-latest/bin/python any_world_matrix.py` from here."""
+"""Resumes on another world size, as a matrix: a run of `tests/checkpoint_world_size_scenarios.any_world_fit` (dropout,
+noise, `fit_one_cycle`, 96 samples in batches of 8) SIGKILLed under `torchrun` after a checkpoint at an epoch's end
+or inside an epoch, resumed on another world size; what the resume trained, and the samples of the interrupted epoch
+fed twice or never. Not part of the tests, which assert the same cases (`tests/test_checkpoint_world_size.py`); run
+`../.venv-latest/bin/python any_world_matrix.py` from here."""
 import sys, tempfile
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent.parent/'tests'))
-from test_any_world import _run, _kill_then_resume, _resumed_batches, interrupted_epoch, EVERY, s, values, torchrun_ranks
+from test_checkpoint_world_size import _run, _kill_then_resume, _resumed_batches, interrupted_epoch, EVERY, s, values, torchrun_ranks
 
 def one_node(before, after, where):
     with tempfile.TemporaryDirectory() as d:

@@ -1,6 +1,6 @@
 """Checkpoints in object storage, measured side by side in one run against a real OpenStack Swift with its S3 API on
 this machine (tools/swift.sh, started and stopped here; issue 34): the upload of a committed checkpoint against plain
-s3fs `put_file`s of the same files; the download of a resume against plain `get_file`s; on 2 ranks under torchrun, an
+s3fs `put_file`s of the same files (s3fs with its own defaults); the download of a resume against plain `get_file`s; on 2 ranks under torchrun, an
 epoch of a fit that checkpoints to the bucket after every epoch against one that checkpoints nothing (and one that
 checkpoints to a local directory only), and the host memory rank 0 holds above the fit without checkpoints, in checkpoints (with glibc's default allocator, which gives
 large blocks back: run it without tools/bench.sh's `MALLOC_*` settings, under which freed memory stays resident).
@@ -24,12 +24,14 @@ def transfers(d, url, reps=5):
     got = {k: [] for k in ('upload', 'put', 'download', 'get')}
     def timed(key, f):
         t = time.perf_counter(); f(); got[key].append(time.perf_counter() - t)
+    import fsspec
+    plain = fsspec.filesystem('s3', skip_instance_cache=True)  # s3fs as a user makes it: its defaults, the endpoint from the environment
     for i in range(reps):
         store = ObjectStoreDir(f"{url}/{i}")
         def put():
-            for f in files: store.fs.put_file(str(ckpt/f), store.path('plain', f))
+            for f in files: plain.put_file(str(ckpt/f), store.path('plain', f))
         def get():
-            for f in files: store.fs.get_file(store.path('plain', f), str(Path(d)/f'get{i}_{f}'))
+            for f in files: plain.get_file(store.path('plain', f), str(Path(d)/f'get{i}_{f}'))
         sides = [('upload', lambda: store.upload(ckpt)), ('put', put)]
         for key,f in (sides if i % 2 == 0 else sides[::-1]): timed(key, f)
         sides = [('download', lambda: store.download('epoch_0001', Path(d)/f'down{i}'/'epoch_0001')), ('get', get)]

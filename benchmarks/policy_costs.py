@@ -1,15 +1,21 @@
 """What `CheckpointCallback`'s policies cost, measured side by side in one run (issue 35): the disk's room checked before
 a save, against the save it guards; the clock decision of `every_minutes`, against a fit without it (the interval
-never passed: the cost of deciding alone), on 2 ranks under torchrun on CPU.
+never passed: the cost of deciding alone); an epoch with `SafeSaveModelCallback` (a new best every epoch) and
+`CheckpointCallback` (every epoch) on a 50 MB model, against a plain one; on 2 ranks
+under torchrun on CPU.
 
-    .venv-latest/bin/python benchmarks/policy_costs.py"""
-import time, statistics, tempfile
+    .venv-latest/bin/python benchmarks/policy_costs.py [--both]
+
+`--both`: the two callbacks against a plain fit alone, in 6 fits of each (the figure of the weights written once)."""
+import sys, time, statistics, tempfile
 from pathlib import Path
 import torch
-from fastai.basics import Callback
+from torch import nn
+from fastai.basics import Callback, Datasets, Learner, MSELossFlat
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.files import check_room, state_bytes, atomic_torch_save
-from ddp_safe_fastai.testing import synth_learner
+from ddp_safe_fastai.testing import synth_learner, Rows
+from ddp_safe_fastai.persist import flush_saves
 from ddp_safe_fastai.launch import torchrun_ranks
 
 def median_seconds(f, reps):
@@ -45,7 +51,70 @@ def clock_fits(root, reps=5):
         got[key].append(statistics.median(cbs[1].times))
     return {k: statistics.median(v) for k,v in got.items()}
 
+def model_learner(root, n=2560, dim=1024, hidden=3072):
+    "A regression `Learner` with a model of 50 MB (12.6 M parameters), the same on every rank"
+    torch.manual_seed(0)
+    x = torch.randn(n+256, dim); y = x[:, :1] + 0.1*torch.randn(n+256, 1)
+    dsets = Datasets(range(n+256), [[Rows(x)], [Rows(y)]], splits=[list(range(n)), list(range(n, n+256))])
+    dls = dsets.dataloaders(bs=64, device='cpu', path=root, num_workers=0)
+    model = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+    return Learner(dls, model, loss_func=MSELossFlat(), path=root)
+
+class FitClock(Callback):
+    "When each epoch starts (wall clock, and the CPU time of all the process's threads), and when the fit ends, after every other callback's `after_fit` (the last write, the reload)"
+    order = 10_000
+    def before_fit(self): self.starts = []
+    def before_epoch(self): self.starts.append((time.perf_counter(), time.process_time()))
+    def after_fit(self): self.end = time.perf_counter()
+
+def both_callbacks(root, reps=4, epochs=4, arms=('plain', 'checkpoint', 'both')):
+    "On each rank, per arm: the median seconds of an epoch and the CPU seconds of its process (its saves included, the last epoch left out), and of a whole fit; plain, a checkpoint every epoch, and the best model too (a new best every epoch), in turns"
+    learn,clock = model_learner(Path(root)),FitClock()
+    cbs = {'plain': lambda i: [],
+           'checkpoint': lambda i: [CheckpointCallback(fname=f'c{i}', resume=False)],
+           'both': lambda i: [SafeSaveModelCallback(comp=lambda a,b: True, fname=f'best{i}'), CheckpointCallback(fname=f'c{i}', resume=False)]}
+    got = {k: ([], [], []) for k in arms}
+    for i in range(reps*len(arms) + 1):
+        key = arms[i % len(arms)]
+        with learn.distrib_ctx(): learn.fit(epochs, 1e-4, cbs=[*cbs[key](i), clock])
+        if i == 0: continue  # the first fit warms up
+        s = clock.starts
+        got[key][0].extend(b[0]-a[0] for a,b in zip(s, s[1:])); got[key][1].extend(b[1]-a[1] for a,b in zip(s, s[1:]))
+        got[key][2].append(clock.end - s[0][0])
+    return {k: tuple(map(statistics.median, v)) for k,v in got.items()}
+
+class SavesClock(Callback):
+    "At each epoch's end: the wall and CPU seconds (all the process's threads) from before the first save (`start`, ordered before it) to the last write flushed"
+    def __init__(self, order, start=None): self.order,self.start,self.times = order,start,[]
+    def after_epoch(self):
+        if self.start is None: self.t = (time.perf_counter(), time.process_time()); return
+        flush_saves()
+        self.times.append((time.perf_counter() - self.start.t[0], time.process_time() - self.start.t[1]))
+
+def saves_at_epoch_end(root, fits=3, epochs=4):
+    "On each rank: the median wall and CPU seconds of the two callbacks' saves at one epoch's end, written through (not overlapped with training)"
+    learn = model_learner(Path(root))
+    start = SavesClock(SafeSaveModelCallback.order-1)
+    end = SavesClock(CheckpointCallback.order+1, start)
+    for i in range(fits):
+        cbs = [SafeSaveModelCallback(comp=lambda a,b: True, fname=f'best{i}'), CheckpointCallback(fname=f'c{i}', resume=False), start, end]
+        with learn.distrib_ctx(): learn.fit(epochs, 1e-4, cbs=cbs)
+    return tuple(statistics.median(t[k] for t in end.times[epochs:]) for k in (0, 1))  # the first fit warms up
+
+def report_both(outcomes):
+    for r,o in enumerate(outcomes):
+        (pe, pc, pf) = o.value['plain']
+        print(f"rank {r}, 50 MB model, plain: epoch {pe:.3f} s ({pc:.3f} s of CPU), whole fit {pf:.2f} s; " + "; ".join(
+              f"{k}: epoch {e:.3f} s ({e/pe:.3f}x; CPU {c:.3f} s, {c-pc:+.3f} s), whole fit {f:.2f} s ({f/pf:.3f}x)"
+              for k,(e, c, f) in o.value.items() if k != 'plain'))
+
 if __name__ == '__main__':
+    if '--both' in sys.argv:  # the measure of the two callbacks alone, with more fits
+        with tempfile.TemporaryDirectory() as d:
+            outcomes = torchrun_ranks(both_callbacks, d, 6, 4, ('plain', 'both'), init=False, timeout=1800)
+            assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+            report_both(outcomes)
+        sys.exit()
     with tempfile.TemporaryDirectory() as d:
         check, save = room_check(d)
         print(f"room check of a 50 MB state (200 tensors): {check*1e6:.0f} us, {check/save:.5f} of its durable save ({save*1e3:.0f} ms)")
@@ -55,3 +124,6 @@ if __name__ == '__main__':
         for r,res in ((0, r0), (1, r1)):
             print(f"rank {r}: median training batch {res['plain']*1e3:.3f} ms plain, {res['every_minutes']*1e3:.3f} ms with "
                   f"every_minutes (the decision, never due): {res['every_minutes']/res['plain']:.3f}x")
+        outcomes = torchrun_ranks(both_callbacks, d, init=False, timeout=1200)
+        assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+        report_both(outcomes)

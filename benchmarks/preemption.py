@@ -12,7 +12,7 @@ import sys, time, random, signal, argparse, tempfile, statistics, subprocess
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent.parent/'tests'))
 import psutil
-from test_preemption import torchrun, results
+from test_checkpoint_preemption import torchrun, results
 
 def wait(p):
     try: return p.wait(300)

@@ -5,7 +5,7 @@ at, every callback's final state).
     .venv-latest/bin/python benchmarks/resume_matrix.py [--trials 5] [--set NAME ...]
 
 Prints one row per callback set and exits 1 if any resumed run differs. Not part of the test suite (a few minutes);
-`tests/test_resume.py` runs one set of it."""
+`tests/test_checkpoint_resume.py` runs one set of it."""
 import sys, time, random, hashlib, argparse, tempfile
 from pathlib import Path
 import torch

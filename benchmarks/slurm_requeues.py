@@ -9,7 +9,7 @@ to training again, and whether it ended bit for bit as the uninterrupted job.
 import sys, time, random, argparse, tempfile, subprocess
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent.parent/'tests'))
-from test_slurm import submit, job, finished, wait_until, trained
+from test_checkpoint_slurm import submit, job, finished, wait_until, trained
 
 BATCHES = 6  # per rank and epoch in `slurm_train.py`: 96 samples, batches of 8, 2 ranks
 LAST = 4*BATCHES - 5  # the last batch to signal at: the ranks stop a few batches later (3 at 0.3 s a batch), before the job's end

@@ -25,6 +25,7 @@ class Change(NamedTuple):
     why:str # what went wrong under DDP with fastai's
     module:str # the module of this library that holds it
 
+# %% ../nbs/95_changes.ipynb #f90dc59e
 def _rows(module, owner, names, does, why): return [Change(owner, n, does, why, module) for n in names.split()]
 
 fastai_changes = [
@@ -92,15 +93,18 @@ def fastai_object(path:str):
     for a in parts[n:]: o = getattr(o, a)
     return o
 
+# %% ../nbs/95_changes.ipynb #2e046791
 def importable(change:Change):
     "Can the module of `change` be imported here (`fastai.vision` needs torchvision)?"
     try: return fastai_object(change.owner) is not None
     except ImportError: return False
 
+# %% ../nbs/95_changes.ipynb #591330d1
 def fastai_version_of(change:Change):
     "fastai's own version of the attribute `change` replaces, kept beside it; None where the library added it"
     return vars(fastai_object(change.owner)).get(f"_fastai_{change.name}")
 
+# %% ../nbs/95_changes.ipynb #e9795183
 def current(change:Change):
     "The attribute as it is now"
     return vars(fastai_object(change.owner))[change.name]
@@ -108,6 +112,7 @@ def current(change:Change):
 # %% ../nbs/95_changes.ipynb #37eb4927
 def _ours(o): return (getattr(o, '__module__', None) or '').startswith('ddp_safe_fastai')
 
+# %% ../nbs/95_changes.ipynb #864c694c
 def unlisted_changes():
     "Attributes of fastai's loaded modules and classes that hold this library's code and `fastai_changes` does not list"
     listed = {(c.owner, c.name) for c in fastai_changes}
@@ -121,14 +126,15 @@ def unlisted_changes():
     return sorted(found - listed)
 
 # %% ../nbs/95_changes.ipynb #b3384546
-_writers = {'save_pickle', 'mk_write', 'write_text', 'write_bytes', 'to_csv', 'to_feather', 'to_parquet', 'savefig',
-            'mkdir', 'makedirs', 'rmtree', 'unlink', 'rmdir', 'cleanup', 'TemporaryDirectory', 'mkdtemp', 'NamedTemporaryFile',
-            'mkstemp', 'SummaryWriter', 'urlsave', 'download_url', 'untar_data', 'FastDownload', 'symlink', 'symlink_to', 'Train'}
-
 def _writes_mode(mode):
     "Does the `open` mode expression `mode` hold a mode that writes ('w', 'a', 'x', '+')?"
     return any(isinstance(n, ast.Constant) and isinstance(n.value, str) and len(n.value) <= 3
                and set(n.value) <= set('rwxabt+') and set(n.value) & set('wax+') for n in ast.walk(mode))
+
+# %% ../nbs/95_changes.ipynb #ff4390c6
+_writers = {'save_pickle', 'mk_write', 'write_text', 'write_bytes', 'to_csv', 'to_feather', 'to_parquet', 'savefig',
+            'mkdir', 'makedirs', 'rmtree', 'unlink', 'rmdir', 'cleanup', 'TemporaryDirectory', 'mkdtemp', 'NamedTemporaryFile',
+            'mkstemp', 'SummaryWriter', 'urlsave', 'download_url', 'untar_data', 'FastDownload', 'symlink', 'symlink_to', 'Train'}
 
 def _writer(call):
     "The name of the writer that `call` is, or None"
@@ -143,12 +149,14 @@ def _writer(call):
     if recv in ('os', 'shutil') and name in ('remove', 'replace', 'rename', 'copy', 'copy2', 'copyfile', 'copytree', 'move'):
         return f'{recv}.{name}'
 
+# %% ../nbs/95_changes.ipynb #48f22419
 def _patched_onto(fn):
     "The class a fastcore `@patch` def is added to (its first parameter's annotation), else None"
     if any((ast.unparse(d.func if isinstance(d, ast.Call) else d)).endswith('patch') for d in fn.decorator_list):
         args = fn.args.posonlyargs + fn.args.args
         if args and args[0].annotation is not None: return ast.unparse(args[0].annotation)
 
+# %% ../nbs/95_changes.ipynb #5a45cc4b
 def _scan(node, where, found):
     "Add `(where, writer)` to `found` for each writer call under `node`, `where` the innermost class and def"
     for child in ast.iter_child_nodes(node):
@@ -159,6 +167,7 @@ def _scan(node, where, found):
         if isinstance(child, ast.Call) and (w := _writer(child)): found.add((where if not where.endswith(':') else where+'<module>', w))
         _scan(child, where, found)
 
+# %% ../nbs/95_changes.ipynb #b55dcc50
 def writer_calls(root=None): # a fastai package folder (default: the installed fastai)
     "Every `(function, writer)` in fastai's source: `function` as 'module:Class.method', `writer` the call that writes"
     import fastai
@@ -176,6 +185,7 @@ MEMORY = "kept in memory under DDP: no file"
 SAFE = "already safe"
 LEFT = "left as fastai has it"
 
+# %% ../nbs/95_changes.ipynb #f801e0c9
 class Writer(NamedTuple):
     "A function of fastai that writes files, what goes wrong when every rank calls it, and what makes it safe"
     where:str # 'module:Class.method', as `writer_calls` names it
@@ -184,14 +194,15 @@ class Writer(NamedTuple):
     how:str # how, or why it is left
     test:str # the test that shows it under real ranks
 
+# %% ../nbs/95_changes.ipynb #80da8565
 fastai_writers = [
     Writer('fastai.learner:save_model', "every rank's write of one file (guarded by `rank_distrib()`: not under `mp.spawn`); readers before it ended",
-           MAIN, "`Learner.save` (`learner`)", 'test_persistence.py::test_only_main_writes'),
-    Writer('fastai.learner:Learner.export', "as `save_model`", MAIN, "`Learner.export` (`learner`)", 'test_persistence.py::test_export_load_learner'),
+           MAIN, "`Learner.save` (`learner`)", 'test_persist.py::test_only_main_writes'),
+    Writer('fastai.learner:Learner.export', "as `save_model`", MAIN, "`Learner.export` (`learner`)", 'test_learner.py::test_export_load_learner'),
     Writer('fastai.text.learner:TextLearner.save_encoder', "as `save_model`", MAIN, "`TextLearner.save_encoder` (`text`)",
-           'test_persistence.py::test_encoder'),
+           'test_text.py::test_encoder'),
     Writer('fastai.callback.tracker:SaveModelCallback._save', "as `save_model`; the reload at the end took any file of that name",
-           MAIN, "through `Learner.save`; `SafeSaveModelCallback` reloads only this fit's file", 'test_persistence.py::test_safe_save_model_callback_end_to_end'),
+           MAIN, "through `Learner.save`; `SafeSaveModelCallback` reloads only this fit's file", 'test_callback.py::test_safe_save_model_callback_end_to_end'),
     Writer('fastai.callback.schedule:LRFinder.before_fit', "a temporary folder of another name on each rank: `lr_find` hung in `Learner.load`",
            MEMORY, "`LRFinder` (`writers`)", 'test_writers.py::test_lr_find'),
     Writer('fastai.callback.schedule:LRFinder.after_fit', "rank 1 never got its model and optimizer back", MEMORY, "`LRFinder` (`writers`)",
@@ -201,15 +212,15 @@ fastai_writers = [
     Writer('fastai.callback.core:GatherPredsCallback.after_batch', "every rank wrote each batch's file at once", MAIN,
            "`GatherPredsCallback` (`writers`)", 'test_writers.py::test_get_preds_save_preds'),
     Writer('fastai.text.core:_tokenize_files', "every rank tokenized into one folder; vocabularies in different orders; a killed run's cache taken for whole",
-           ONCE, "`tokenize_files_once`, `save_pickle_whole` (`text`)", 'test_writers.py::test_tokenizer_cache'),
+           ONCE, "`tokenize_files_once`, `save_pickle_whole` (`text`)", 'test_text.py::test_tokenizer_cache'),
     Writer('fastai.text.core:tokenize_csv', "every rank appended its rows to one file", ONCE, "`tokenize_csv` (`text`)",
-           'test_writers.py::test_tokenize_csv'),
+           'test_text.py::test_tokenize_csv'),
     Writer('fastai.text.core:SentencePieceTokenizer.__init__', "makes its cache folder, `exist_ok`", SAFE, "no file is written",
-           'test_writers.py::test_sentencepiece'),
+           'test_text.py::test_sentencepiece'),
     Writer('fastai.text.core:SentencePieceTokenizer.setup', "every rank wrote `texts.out` into one folder", ONCE,
-           "`SentencePieceTokenizer.setup` (`text`)", 'test_writers.py::test_sentencepiece'),
+           "`SentencePieceTokenizer.setup` (`text`)", 'test_text.py::test_sentencepiece'),
     Writer('fastai.text.core:SentencePieceTokenizer.train', "every rank trained into one `spm.model`; the first done removed the others' input",
-           ONCE, "`SentencePieceTokenizer.setup` (`text`)", 'test_writers.py::test_sentencepiece'),
+           ONCE, "`SentencePieceTokenizer.setup` (`text`)", 'test_text.py::test_sentencepiece'),
     Writer('fastai.vision.utils:download_images', "every rank downloaded every image (N copies under random names)", ONCE,
            "`download_images` (`writers`)", 'test_writers.py::test_image_folders'),
     Writer('fastai.vision.utils:_download_image_inner', "as `download_images`", ONCE, "`download_images` (`writers`)",
@@ -218,15 +229,15 @@ fastai_writers = [
            'test_writers.py::test_image_folders'),
     Writer('fastai.vision.utils:resize_image', "as `resize_images`", ONCE, "`resize_images` (`writers`)", 'test_writers.py::test_image_folders'),
     Writer('fastai.data.external:untar_data', "none for a download (fastdownload's file lock); with `force_download`, each rank removed the tree others read",
-           SAFE, "fastdownload's lock; `force_download` on rank 0 alone (`writers`)", 'test_untar.py::test_forced_download_on_every_rank'),
+           SAFE, "fastdownload's lock; `force_download` on rank 0 alone (`writers`)", 'test_writers_untar.py::test_forced_download_on_every_rank'),
     Writer('fastai.data.external:fastai_cfg', "every process made `config.ini` at once; one read it half-written and `untar_data` failed",
-           ONCE, "made under a file lock (`writers`)", 'test_untar.py::test_fastai_home_made_by_every_rank'),
-    Writer('fastai.text.learner:language_model_learner', "the pretrained weights: `untar_data`", SAFE, "fastdownload's lock", 'test_untar.py::test_torchrun'),
-    Writer('fastai.text.learner:text_classifier_learner', "the pretrained weights: `untar_data`", SAFE, "fastdownload's lock", 'test_untar.py::test_torchrun'),
+           ONCE, "made under a file lock (`writers`)", 'test_writers_untar.py::test_fastai_home_made_by_every_rank'),
+    Writer('fastai.text.learner:language_model_learner', "the pretrained weights: `untar_data`", SAFE, "fastdownload's lock", 'test_writers_untar.py::test_torchrun'),
+    Writer('fastai.text.learner:text_classifier_learner', "the pretrained weights: `untar_data`", SAFE, "fastdownload's lock", 'test_writers_untar.py::test_torchrun'),
     Writer('fastai.callback.tensorboard:TensorBoardBaseCallback._setup_writer', "every process was rank 0 under `mp.spawn` and `notebook_launcher`",
            SAFE, "fastai's guard, `rank_distrib()`, sees the process group (`distributed`)", 'test_writers.py::test_tensorboard_logs_once'),
     Writer('fastai.callback.wandb:log_model', "as TensorBoard's writer: called on rank 0 alone", SAFE,
-           "fastai's guard, `rank_distrib()`, sees the process group (`distributed`)", 'test_foundation.py::test_rank_detection'),
+           "fastai's guard, `rank_distrib()`, sees the process group (`distributed`)", 'test_core.py::test_rank_detection'),
     Writer('fastai.vision.core:Image.Image.to_bytes_format', "none: it saves into memory (`BytesIO`)", SAFE, "no file is written", ''),
     Writer('fastai.data.external:prefetch_data', "none in training: fastai's own test tooling", SAFE, "not run in training", ''),
     Writer('fastai.callback.tensorboard:projector_word_embeddings', "every rank writes the same embeddings into `log_dir`", LEFT,
@@ -242,11 +253,13 @@ fastai_writers = [
            "a helper a script calls itself: call it on rank 0", ''),
 ]
 
+# %% ../nbs/95_changes.ipynb #1a7eada7
 def unlisted_writers(root=None): # a fastai package folder (default: the installed fastai)
     "The functions of fastai that write files and that `fastai_writers` does not list"
     listed = {w.where for w in fastai_writers}
     return sorted({f for f,_ in writer_calls(root)} - listed)
 
+# %% ../nbs/95_changes.ipynb #e738dd37
 def census_table():
     "The census as a markdown table, with the count of writers that are safe under DDP"
     safe = [w for w in fastai_writers if w.does != LEFT]
@@ -264,6 +277,7 @@ class ProcessChange(NamedTuple):
     why:str # what goes wrong without it
     by:str # the library's functions that make it (or pop it), as 'module:function', space separated
 
+# %% ../nbs/95_changes.ipynb #b8d5dc3f
 def _prows(kind, where, names, does, why, by): return [ProcessChange(kind, where, n, does, why, by) for n in names.split()]
 
 _launch_env = "`torchrun`, `accelerate` and fastai read the rank from the environment: a group made by `mp.spawn`, `srun` or `notebook_launcher` names none"
@@ -330,7 +344,6 @@ _mutators = {'os.environ': 'setdefault update pop popitem clear', 'sys.modules':
              'sys.path': 'insert append extend remove pop clear', 'defaults.callbacks': 'insert append extend remove pop clear'}
 _calls = {'signal.signal': 'signal', 'signal.set_wakeup_fd': 'signal', 'atexit.register': 'atexit.register',
           'resource.setrlimit': 'resource.setrlimit', 'torch.set_num_threads': 'torch.set_num_threads'}
-_fastai_objects = ('learn', 'self.learn', 'dl', 'inner', 'rec', 'cb') # the names the library's code gives fastai's objects
 
 def _process_global(node):
     "What of the whole process `node` changes (`os.environ`, `sys.meta_path`, a signal's handler, ...), or None"
@@ -342,6 +355,7 @@ def _process_global(node):
         for t in getattr(node, 'targets', None) or [node.target]:
             if isinstance(t, ast.Subscript) and ast.unparse(t.value) in _mutators: return ast.unparse(t.value)
 
+# %% ../nbs/95_changes.ipynb #38c10f16
 def _attr_changes(node, on): # `on(expression)`: is it an object whose attributes count?
     "`(removed, attribute)` for each attribute `node` sets (removed False), or deletes or pops from `__dict__` (True), on an object `on` accepts"
     if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
@@ -355,12 +369,16 @@ def _attr_changes(node, on): # `on(expression)`: is it an object whose attribute
         if (f.endswith('.__dict__.pop') and args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str)
             and on(node.func.value.value)): yield True,args[0].value
 
+# %% ../nbs/95_changes.ipynb #753e340e
+_fastai_objects = ('learn', 'self.learn', 'dl', 'inner', 'rec', 'cb') # the names the library's code gives fastai's objects
+
 def _fastai_object(patched): # in a `@patch` def, `self` is fastai's
     "Does an expression of the library's code name one of fastai's objects?"
     names = _fastai_objects + (('self',) if patched else ())
     def on(e): s = ast.unparse(e); return any(s == o or s.startswith(o+'.') for o in names)
     return on
 
+# %% ../nbs/95_changes.ipynb #df8c67e8
 def _library_scan(node, where, found, patched=False):
     "Add `(what, attribute or '', function)` to `found` for each change under `node` to the process or to fastai's objects"
     for child in ast.iter_child_nodes(node):
@@ -375,6 +393,7 @@ def _library_scan(node, where, found, patched=False):
         found |= {('runtime attribute' + (' removed' if rm else ''), a, fn) for rm,a in _attr_changes(child, _fastai_object(patched))}
         _library_scan(child, where, found, patched)
 
+# %% ../nbs/95_changes.ipynb #99120914
 def library_changes():
     "Every `(what, attribute, function)` the library's source changes: a process-wide thing, or an attribute of a fastai object"
     found = set()
@@ -398,7 +417,7 @@ def fastai_attributes(root=None): # a fastai package folder (default: the instal
                         given.add(b.name)
     return given,removed
 
-# %% ../nbs/95_changes.ipynb #42086c57
+# %% ../nbs/95_changes.ipynb #2f2f4695
 def _fastai_namespaces():
     "Each loaded fastai module, and each class it defines, with its dotted path"
     for mname,mod in list(sys.modules.items()):
@@ -406,6 +425,7 @@ def _fastai_namespaces():
         yield mname,mod
         yield from ((f"{mname}.{v.__qualname__}", v) for v in list(vars(mod).values()) if isinstance(v, type) and v.__module__ == mname)
 
+# %% ../nbs/95_changes.ipynb #42086c57
 def unlisted_process_changes(root=None): # a fastai package folder (default: the installed fastai)
     "Changes the library made or makes to fastai's objects and to the process that `process_changes` does not list"
     listed = {(p.where, p.name) for p in process_changes}

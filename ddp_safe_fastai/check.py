@@ -24,6 +24,7 @@ __all__ = ['RACES', 'Idioms', 'Raised', 'Race', 'check_races', 'races_table', 'l
 # %% ../nbs/60_check.ipynb #9fc53866
 def _rank(): return dist.get_rank() # the races' ranks always have a process group
 
+# %% ../nbs/60_check.ipynb #ad0bfbff
 class Idioms:
     "The file operations of a race: the plain way (`lib=False`) or through this library"
     def __init__(self, lib): self.lib = lib
@@ -49,22 +50,26 @@ class Idioms:
 # %% ../nbs/60_check.ipynb #79b319e9
 def _ckpt(v, n=2**20): return {'w': torch.full((n,), float(v))} # 4 MB: a write takes a few milliseconds
 
+# %% ../nbs/60_check.ipynb #797e11f7
 def _value(ckpt):
     "The number every weight of `ckpt` holds; ValueError if they differ (a file mixed from several writes)"
     w = ckpt['w']
     if not bool((w == w[0]).all()): raise ValueError("the file mixes several writes")
     return int(w[0])
 
+# %% ../nbs/60_check.ipynb #237d27a2
 class Raised:
     "What an `act` that raised leaves for its `check`"
     def __init__(self, e): self.msg = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:150]}"
     def __repr__(self): return self.msg
 
+# %% ../nbs/60_check.ipynb #32a903c5
 def _attempt(f, *args):
     "`f(*args)`, or a `Raised` if it raised"
     try: return f(*args)
     except Exception as e: return Raised(e)
 
+# %% ../nbs/60_check.ipynb #1f8e61e3
 def _expect(got, *want):
     "None if `got` is one of `want`, else what went wrong"
     if isinstance(got, Raised): return got.msg
@@ -93,6 +98,7 @@ def _late():
     "Rank 0 arrives up to 20 ms late, as a main process that logs, validates or saves more does"
     if _rank() == 0: time.sleep(random.uniform(0, 0.02))
 
+# %% ../nbs/60_check.ipynb #c77174de
 _write_secs = {} # Idioms.lib -> seconds one whole write of the crash race's checkpoint takes here
 
 def _killed_write(io, obj, f):
@@ -110,6 +116,7 @@ def _killed_write(io, obj, f):
     time.sleep(random.uniform(0, _write_secs[io.lib]))
     os.kill(pid, signal.SIGKILL); os.waitpid(pid, 0)
 
+# %% ../nbs/60_check.ipynb #714a98fc
 @contextmanager
 def _file_size_limit(nbytes):
     "Writes of this process past `nbytes` fail with EFBIG, half-way through a file, as on a full disk"
@@ -119,36 +126,49 @@ def _file_size_limit(nbytes):
     finally: resource.setrlimit(resource.RLIMIT_FSIZE, old); signal.signal(signal.SIGXFSZ, handler)
 
 # %% ../nbs/60_check.ipynb #1f3ed2b0
-def _big(v): return _ckpt(v, 2**23) # 32 MB: a write long enough to be killed half-way
-
 def _each_rank_saves(io, f, t): io.save(_ckpt(100*t + _rank()), f)
+
+# %% ../nbs/60_check.ipynb #e45e9720
 def _holds_rank0s(io, f, t, acted): return _expect(_value(io.load(f)), 100*t)
 
+# %% ../nbs/60_check.ipynb #3ac5204b
 def _late_save_then_read(io, f, t):
     _late(); io.save_guarded(_ckpt(t), f)
     return _value(io.load(f))
 
+# %% ../nbs/60_check.ipynb #0c5da0f0
 def _late_save_then_reload_if_there(io, f, t):
     _late(); io.save_guarded(_ckpt(t), f)
     return _value(io.load(f)) if f.is_file() else None
 
+# %% ../nbs/60_check.ipynb #45d9a9a0
 def _read_this_trials(io, f, t, acted): return _expect(acted, t)
 
+# %% ../nbs/60_check.ipynb #75df8096
 def _fill_dir(d, t):
     for i in range(200): (d/str(i//20)).mkdir(parents=True, exist_ok=True); (d/str(i//20)/f"{i}.pth").touch()
 
+# %% ../nbs/60_check.ipynb #e8922358
 def _is_empty_dir(io, d, t, acted): return None if d.is_dir() and not any(d.iterdir()) else "the directory is missing or not empty"
 
+# %% ../nbs/60_check.ipynb #fe7f6c5a
+def _big(v): return _ckpt(v, 2**23) # 32 MB: a write long enough to be killed half-way
+
+# %% ../nbs/60_check.ipynb #33890a40
 def _killed_save(io, f, t):
     if _rank() == 0: _killed_write(io, _big(t), f)
 
+# %% ../nbs/60_check.ipynb #39893a3b
 def _old_or_new(io, f, t, acted): return _expect(_value(io.load(f)), t-1, t)
 
+# %% ../nbs/60_check.ipynb #c8bc7882
 def _save_on_full_disk(io, f, t):
     with _file_size_limit(f.stat().st_size // 2) if _rank() == 0 else nullcontext(): io.save_guarded(_ckpt(t), f)
 
+# %% ../nbs/60_check.ipynb #10ee5740
 def _holds_old(io, f, t, acted): return _expect(_value(io.load(f)), t-1)
 
+# %% ../nbs/60_check.ipynb #3a14f2d4
 RACES = {r.name: r for r in [
     Race('non-main-writer', "every rank saves its own weights to one file; every rank reads it: it must hold rank 0's",
          _each_rank_saves, _holds_rank0s),
@@ -170,6 +190,7 @@ RACES = {r.name: r for r in [
 # %% ../nbs/60_check.ipynb #888e8786
 def _side(lib): return 'library' if lib else 'plain'
 
+# %% ../nbs/60_check.ipynb #d93c82b0
 def _trial(race, io, target, t):
     "One trial of `race` on this rank, between the barriers; what went wrong on each rank"
     if _rank() == 0 and race.setup: race.setup(target, t)
@@ -180,6 +201,7 @@ def _trial(race, io, target, t):
     dist.all_gather_object(failures, race.failure(acted, _attempt(race.check, io, target, t, acted)))
     return failures
 
+# %% ../nbs/60_check.ipynb #b5392460
 def _run_races(root, names, trials):
     "On every rank: each race of `names`, `trials` times plain then through this library; rank 0 logs the trials"
     root = Path(root)
@@ -195,7 +217,7 @@ def _run_races(root, names, trials):
                     with open(root/'trials.jsonl', 'a') as log:
                         log.write(json.dumps(dict(race=name, side=_side(lib), trial=t, failures=failures)) + '\n')
 
-# %% ../nbs/60_check.ipynb #3a237a76
+# %% ../nbs/60_check.ipynb #4e82bce1
 def _tally(log, names):
     "{race: {side: [failed trials, trials, first failure]}} from the trial log"
     res = {n: {s: [0, 0, None] for s in ('plain', 'library')} for n in names}
@@ -206,14 +228,17 @@ def _tally(log, names):
         if bad and cell[2] is None: cell[2] = bad[0]
     return res
 
+# %% ../nbs/60_check.ipynb #d999acc8
 def _lines(f):
     try: return Path(f).read_text().count('\n')
     except FileNotFoundError: return 0
 
+# %% ../nbs/60_check.ipynb #d2d8d332
 def _where_ranks_are(root, nproc):
     return '; '.join(f"rank {r} at {(Path(root)/f'at.{r}').read_text() if (Path(root)/f'at.{r}').exists() else 'start'}"
                      for r in range(nproc))
 
+# %% ../nbs/60_check.ipynb #3a237a76
 def check_races(nproc=4, # local ranks
                 trials=50, # trials of each race, on each side
                 names=None, # races to run (default: all of `RACES`)
@@ -246,6 +271,7 @@ def races_table(res):
               for n,r in res.items()]
     return '\n'.join(rows + [''] + legend)
 
+# %% ../nbs/60_check.ipynb #1e621955
 def library_failed(res): return any(r['library'][0] for r in res.values())
 
 # %% ../nbs/60_check.ipynb #5635532d
@@ -257,8 +283,10 @@ def _fs_type(path):
     on = [m for m in mounts if p == m[0] or p.startswith(m[0].rstrip('/') + '/')]
     return max(on, key=lambda m: len(m[0]))[1] if on else '?'
 
+# %% ../nbs/60_check.ipynb #e1512d98
 def _version(i, n=2**18): return i.to_bytes(8, 'little') * (n // 8) # 256 KB, every 8 bytes saying which version
 
+# %% ../nbs/60_check.ipynb #982f6661
 def _replace_seen_whole(d, n=200):
     "Rank 0 replaces a file `n` times while the other ranks read it: (reads, reads that were not one whole version)"
     f = d/'replaced.bin'
@@ -275,18 +303,22 @@ def _replace_seen_whole(d, n=200):
             reads += 1; bad += len(b) != len(_version(0)) or b != b[:8] * (len(b) // 8)
     return tuple(map(sum, zip(*exchange((reads, bad), 'replace check counts'))))
 
+# %% ../nbs/60_check.ipynb #91ac1d85
 def _fsync_ms(d):
     "Milliseconds an fsync of a 1 MB file and of its directory take; or what went wrong"
     f = d/'fsync.bin'; f.write_bytes(os.urandom(2**20))
     try: return _ms(lambda: flush_to_disk(f)), _ms(lambda: flush_to_disk(d, directory=True, strict=True))  # a save lets it pass
     except OSError as e: return describe(e)
 
+# %% ../nbs/60_check.ipynb #f40f6f5b
 def _ms(f):
     "Milliseconds one call of `f` takes"
     t = time.perf_counter(); f(); return (time.perf_counter() - t)*1000
 
+# %% ../nbs/60_check.ipynb #dfae38e7
 def _median_ms(f, reps): return statistics.median(_ms(f) for _ in range(reps))
 
+# %% ../nbs/60_check.ipynb #18ee0b8d
 def _write_rates(d, mb=64, reps=5):
     "MB/s of a plain write and fsync, and of a durable `atomic_torch_save`, of the same `mb` MB tensor, run alternately"
     x = torch.randint(0, 255, (mb*2**20,), dtype=torch.uint8)
@@ -299,6 +331,7 @@ def _write_rates(d, mb=64, reps=5):
             t.append(_ms(f))
     return tuple(mb*1000/statistics.median(t) for t in ts.values())
 
+# %% ../nbs/60_check.ipynb #01d8f1a1
 def _probe_dir(path):
     "On every rank: what `check_dir` reports about `path`, on rank 0"
     d = Path(path).absolute()/broadcast_object(f".ddp_safe_check.{secrets.token_hex(4)}", what='check dir name')
@@ -330,11 +363,13 @@ def check_dir(path, # the directory a run will write its checkpoints to
     if bad: raise CheckpointError(f"checking {path}: " + '; '.join(map(repr, bad)))
     return outs[0].value
 
+# %% ../nbs/60_check.ipynb #360b820d
 def _says_replace(rep):
     if rep['replace'] is None: return "not checked (one rank)" if rep['shared'] else "not checked (not shared)"
     reads,bad = rep['replace']
     return f"{'yes' if not bad else 'NO'}: {bad} torn or missing of {reads:,} reads by the other ranks during 200 replaces"
 
+# %% ../nbs/60_check.ipynb #11dbe523
 def dir_report(rep):
     "The findings of `check_dir`, as a Markdown table"
     fs = rep['fsync']
@@ -349,6 +384,7 @@ def dir_report(rep):
             f"({rep['rates'][1]/rep['rates'][0]:.2f}x) |"]
     return '\n'.join(rows)
 
+# %% ../nbs/60_check.ipynb #03f506b8
 def dir_is_fit(rep): return isinstance(rep['fsync'], tuple) and not (rep['replace'] and rep['replace'][1])
 
 # %% ../nbs/60_check.ipynb #c8ad69f4
@@ -359,12 +395,14 @@ def _races_main(a):
           f"ddp_safe_fastai:\n\n{races_table(res)}")
     return int(library_failed(res))
 
+# %% ../nbs/60_check.ipynb #889b9a9b
 def _dir_main(a):
     try: rep = check_dir(a.path, a.nproc)
     except CheckpointError as e: print(f"ddp-safe-check dir: {e}", file=sys.stderr); return 2
     if rep is not None: print(dir_report(rep)) # a rank other than torchrun's rank 0 prints nothing
     return int(rep is not None and not dir_is_fit(rep))
 
+# %% ../nbs/60_check.ipynb #33c7eaf9
 def _inspect_main(a):
     if is_url(a.path):  # a bucket's checkpoints, as `CheckpointCallback(fname=URL)` uploads them
         try:
@@ -375,6 +413,7 @@ def _inspect_main(a):
     print(checkpoints_report(a.path))
     return 0 if Path(a.path).is_dir() else 2
 
+# %% ../nbs/60_check.ipynb #b8f84cff
 def main(argv=None): # the arguments (default: the command line's)
     "`ddp-safe-check`: count the races this library closes, check a directory before a run, or say what a checkpoint directory holds"
     p = argparse.ArgumentParser(prog='ddp-safe-check', description=main.__doc__)

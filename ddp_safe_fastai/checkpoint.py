@@ -66,19 +66,29 @@ def tracked_metric(learn, # the Learner, as its fit starts (its Recorder has nam
     return names.index(monitor), 'min' if comp(0, 1) else 'max'
 
 # %% ../nbs/43_checkpoint.ipynb #2ac4723c
-_exception_meeting = 10  # seconds: after an exception, how long a rank waits for the others to checkpoint with it
-
 def _say(msg):
     if rank_distrib() == 0: print(f"CheckpointCallback: {msg}", flush=True)
 
+# %% ../nbs/43_checkpoint.ipynb #32009c3e
 def _commit_and_upload(cd, upload, name, files, info, keep, latest_tmp):
     "On the main process (in the background with `async_save`): commit checkpoint `name` in `cd`, then `upload` it, if given"
-    cd.commit(name, files, info, latest_tmp, keep)
+    # the weights may be in the file this process wrote last, as `SafeSaveModelCallback` saves the best model just before
+    cd.commit(name, files, info, latest_tmp, keep, reuse={'model.pth': last_written()})
     if upload: upload(cd.root/name, also=keep)
 
+# %% ../nbs/43_checkpoint.ipynb #d800a16e
+def _read_state(ckpt, manifest, what, scope='global'):
+    "The training state of checkpoint `ckpt`, read on every rank: `state.pth` and, from format 3, `model.pth`"
+    weights = load_state(ckpt/'model.pth', 'cpu', what=what, scope=scope) if 'model.pth' in manifest['files'] else None
+    return upgrade_state(load_state(ckpt/'state.pth', 'cpu', what=what, scope=scope), manifest, weights)
+
+# %% ../nbs/43_checkpoint.ipynb #698105d8
 def _stopped_early(learn):
     "Did an `EarlyStoppingCallback` of `learn` run out of patience?"
     return any(isinstance(cb, EarlyStoppingCallback) and cb.wait >= cb.patience for cb in learn.cbs)
+
+# %% ../nbs/43_checkpoint.ipynb #e8cb57a0
+_exception_meeting = 10  # seconds: after an exception, how long a rank waits for the others to checkpoint with it
 
 class CheckpointCallback(Callback):
     "Save the whole training state every `every_epoch` epochs; resume from the latest complete checkpoint, on any world size"
@@ -183,7 +193,7 @@ class CheckpointCallback(Callback):
 
     def _restore(self, ckpt, manifest):
         "Load the checkpoint on every rank and put the Learner where it was"
-        state = upgrade_state(load_state(ckpt/'state.pth', 'cpu', what='resume', scope=self.scope), manifest)
+        state = _read_state(ckpt, manifest, 'resume', self.scope)
         rng = rng_state_for(load_state(ckpt/'rng.pth', 'cpu', what='resume', scope=self.scope), rank_distrib())
         apply_state(self.learn, state, rng, what=f"resume {ckpt}")
         if state['done']: self.within = (state, rng)
@@ -272,7 +282,7 @@ class CheckpointCallback(Callback):
         # `async_save`), puts `latest` in place when it returns, and raises its failure on every rank
         # the checkpoint of an exception is committed here alone: an upload would outlast the other ranks' short wait
         upload = partial(self.store.upload, keep=self.keep, keep_best=self.keep_best) if self.store and not timeout else None
-        commit = partial(_commit_and_upload, self.dir, upload, name, {'state.pth': state, 'rng.pth': list(rngs)}, info, {self.resumed_from})
+        commit = partial(_commit_and_upload, self.dir, upload, name, checkpoint_files(state, list(rngs)), info, {self.resumed_from})
         save_on_main(self.root/'latest', commit, self.scope, self.durable, timeout, async_save=background)
 
     def after_fit_raised(self, e):
@@ -316,8 +326,8 @@ def load_checkpoint(self:Learner,
     "Load the model of the newest complete checkpoint, or the best, on every rank (to evaluate or export it); its name"
     cd = CheckpointDir(Path(self.path)/self.model_dir/fname)
     found = (next((c for c in cd.best(None) if is_complete(c)), None) if best else cd.latest()) if rank_distrib() == 0 else None
-    name = broadcast_object(found and found.name, what=f"load_checkpoint {cd.root}")
+    name,manifest = broadcast_object((found.name, read_manifest(found)) if found else (None, None), what=f"load_checkpoint {cd.root}")
     if name is None: raise CheckpointNotFoundError(f"load_checkpoint: no complete checkpoint{' with a monitored metric' if best else ''} in {cd.root}")
-    state = load_state(cd.root/name/'state.pth', what='load_checkpoint')
+    state = _read_state(cd.root/name, manifest, 'load_checkpoint')
     apply_model_state(state['model'], self.model, self.opt, with_opt=with_opt)
     return name

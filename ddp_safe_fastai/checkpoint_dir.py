@@ -11,7 +11,7 @@ from fastcore.basics import *
 from . import __version__
 from .core import *
 from .files import *
-from .persist import replaced_since_written
+from .persist import replaced_since_written, link_written, remove_tree
 from .train_state import FORMAT
 
 # %% auto #0
@@ -28,9 +28,11 @@ class _Crc32:
     def update(self, b): self.crc = zlib.crc32(b, self.crc)
     def hexdigest(self): return f"{self.crc:08x}"
 
+# %% ../nbs/41_checkpoint_dir.ipynb #971dfdb8
 _checksums = dict(crc32=_Crc32, sha256=hashlib.sha256) # format 2 writes crc32, format 1 wrote sha256 (slower: benchmarks/bench.py)
 def _kind(entry): return next(k for k in _checksums if k in entry)  # the checksum a manifest's entry records
 
+# %% ../nbs/41_checkpoint_dir.ipynb #1b98cc0f
 def checksum(path, # the file
              kind='crc32', # a key of `_checksums`
              chunk=2**24): # bytes read at a time
@@ -55,6 +57,7 @@ def parse_manifest(data): # the bytes of a `manifest.json`, or None
     try: return None if data is None else {'format': 1, **json.loads(data)}
     except ValueError: return None
 
+# %% ../nbs/41_checkpoint_dir.ipynb #c2c1cda1
 def read_manifest(ckpt):
     "The manifest of `ckpt` (a format 1 manifest says format 1), or None"
     try: return parse_manifest((Path(ckpt)/'manifest.json').read_bytes())
@@ -69,6 +72,7 @@ def _why_unlike(f, # the file's name
     if size != entry['size']: return f"{f} has {size} bytes, the manifest says {entry['size']}"
     if digest() != entry[_kind(entry)]: return f"{f} does not match its checksum: it was changed or damaged"
 
+# %% ../nbs/41_checkpoint_dir.ipynb #5c17a1cb
 def _why_incomplete(ckpt, m):
     "Why the directory `ckpt` does not match its manifest `m` (None: it has none); None if it does"
     if m is None: return "no manifest: its write did not finish"
@@ -78,10 +82,12 @@ def _why_incomplete(ckpt, m):
         if why := _why_unlike(f, e, p.stat().st_size, lambda: checksum(p, _kind(e))): return why
     return None
 
+# %% ../nbs/41_checkpoint_dir.ipynb #d2c8fb49
 def why_incomplete(ckpt):
     "Why `ckpt` cannot be resumed from as it is on disk; None if it is complete"
     return _why_incomplete(ckpt, read_manifest(ckpt))
 
+# %% ../nbs/41_checkpoint_dir.ipynb #e6003d50
 def is_complete(ckpt):
     "Does `ckpt` have a manifest, and do its files match it?"
     return why_incomplete(ckpt) is None
@@ -104,6 +110,7 @@ def copy_checked(src, # a file open for reading: a local one, or one fsspec open
 class CheckpointFormatError(CheckpointError):
     "A checkpoint written in a format this release cannot read"
 
+# %% ../nbs/41_checkpoint_dir.ipynb #9d1fd728
 def check_format(manifest, # the checkpoint's manifest
                  ckpt): # its directory, for the message
     "Raise `CheckpointFormatError` if a newer release wrote `ckpt` in a format this one does not know"
@@ -139,7 +146,7 @@ class LocalStorage(CheckpointStorage):
     def size(self, name): return sum(p.stat().st_size for p in (self.root/name).iterdir() if p.is_file())
     def remove(self, name):
         with suppress(OSError): (self.root/name/'manifest.json').unlink()
-        shutil.rmtree(self.root/name, ignore_errors=True)
+        remove_tree(self.root/name)
 
 # %% ../nbs/41_checkpoint_dir.ipynb #b6fa7ca4
 def training_position_of(name, # a checkpoint's name (`checkpoint_name`)
@@ -149,25 +156,30 @@ def training_position_of(name, # a checkpoint's name (`checkpoint_name`)
     epoch,_,iter = name[len('epoch_'):].partition('_iter_')
     return (int(epoch), manifest.get('epoch_fraction', int(iter or 0)*1e-9)) # format 1: one world size, batches in order
 
+# %% ../nbs/41_checkpoint_dir.ipynb #5dd0dd98
 def training_position(ckpt):
     "`training_position_of` the checkpoint directory `ckpt`"
     return training_position_of(ckpt.name, read_manifest(ckpt))
 
+# %% ../nbs/41_checkpoint_dir.ipynb #cb5e698b
 def monitored_in(manifest):
     "The value of the metric monitored when a checkpoint was committed, and which way is better ('min' or 'max'), from its manifest; None if none"
     m = (manifest or {}).get('monitor')
     return (m['value'], m['mode']) if m and m['value'] == m['value'] else None  # NaN is never the best
 
+# %% ../nbs/41_checkpoint_dir.ipynb #84c25b82
 def monitored(ckpt):
     "`monitored_in` of the checkpoint directory `ckpt`"
     return monitored_in(read_manifest(ckpt))
 
+# %% ../nbs/41_checkpoint_dir.ipynb #c5746ccc
 def best_of(found, # (name, manifest) pairs, wherever the checkpoints are stored
             k=1): # how many (all of them for None)
     "The names of the `k` best of `found` by their monitored metric (`monitored_in`), best first; of two equal ones, the earlier"
     scored = [(n, m, v) for n,m in found if (v := monitored_in(m))]
     return [n for n,_,_ in sorted(scored, key=lambda nmv: (nmv[2][0] if nmv[2][1] == 'min' else -nmv[2][0], training_position_of(nmv[0], nmv[1])))][:k]
 
+# %% ../nbs/41_checkpoint_dir.ipynb #9fcca6e8
 def checkpoint_name(epoch, # epochs done in the whole script
                     iter=0): # batches done in the next epoch
     "The directory name of a checkpoint after `epoch` epochs and `iter` batches"
@@ -227,12 +239,14 @@ class CheckpointDir:
                files, # {file name: what `torch.save` writes}
                info, # what the manifest says of it: epoch, iter, fit, world_size
                latest_tmp, # the file to write the name into: `latest` once swapped in
-               keep=()): # names never rotated out
+               keep=(), # names never rotated out
+               reuse=None): # {file name: a file this process wrote, which may hold the same}: linked if it does
         "Write the checkpoint `name` whole, rotate old ones, write its name for `latest`"
         self.check_latest_is_ours()
         check_room(self.root/name, sum(map(state_bytes, files.values())))
-        ckpt = self.fresh_dir(name)
-        for f,obj in files.items(): atomic_torch_save(obj, ckpt/f, self.durable)
+        ckpt,reuse = self.fresh_dir(name),reuse or {}
+        for f,obj in files.items():
+            if not (reuse.get(f) and self.linked(reuse[f], obj, ckpt/f)): atomic_torch_save(obj, ckpt/f, self.durable)
         write_manifest(ckpt, list(files), **info)
         self.rotate(keep={name, *keep})
         Path(latest_tmp).write_text(name)
@@ -242,10 +256,17 @@ class CheckpointDir:
         other = replaced_since_written(self.root/'latest')
         if other: raise CheckpointError(f"{other} (checkpoints of two runs would mix in {self.root})")
 
+    def linked(self, src, obj, dst):
+        "Is `dst` now a second name of `src`, a file this process wrote that holds `obj`? Else nothing is left at `dst`"
+        if not link_written(src, dst): return False
+        if holds(dst, obj): return True
+        os.unlink(dst)
+        return False
+
     def fresh_dir(self, name):
         "The empty directory `name`: one that a killed run left incomplete goes first"
         ckpt = self.root/name
-        if ckpt.exists(): shutil.rmtree(ckpt)
+        if ckpt.exists(): remove_tree(ckpt)
         ckpt.mkdir(parents=True)
         return ckpt
 
@@ -270,6 +291,7 @@ class CheckpointDir:
         name,_ = self.stored.latest()
         return None if name is None else self.root/name
 
+# %% ../nbs/41_checkpoint_dir.ipynb #db4b0a76
 def latest_complete(root):
     "The newest complete checkpoint under `root`: the one `root/latest` names if complete, else the newest that is"
     return CheckpointDir(root).latest()
@@ -306,6 +328,7 @@ def _monitored_cell(row):
     m = row['monitor']
     return '-' if m is None else f"{m['value']:.5g}" + ('*' if row['best'] else ' ')
 
+# %% ../nbs/41_checkpoint_dir.ipynb #57e229b6
 def checkpoints_table(where, # the directory or URL
                       named, # what its `latest` names
                       rows): # `checkpoint_row`s, the latest taken first
@@ -337,6 +360,7 @@ def inspect_checkpoints(root): # a `CheckpointCallback`'s directory: `learn.path
     "What each checkpoint under `root` is (the latest taken first, incomplete ones last), and which one a resume takes"
     return CheckpointDir(root).stored.rows(best_complete=False)
 
+# %% ../nbs/41_checkpoint_dir.ipynb #d8dfb5e8
 def checkpoints_report(root):
     "`inspect_checkpoints` as a table, with what `latest` says and what a resume would do"
     if not Path(root).is_dir(): return f"{root}: no such directory"

@@ -22,15 +22,19 @@ __all__ = ['run_group', 'CheckpointError', 'CheckpointNotFoundError', 'Distribut
 class CheckpointError(RuntimeError):
     "A save or load that failed; the message names the file and, under DDP, the ranks concerned"
 
+# %% ../nbs/00_core.ipynb #de5ff043
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
     "A load of a file that does not exist (on some rank): `except FileNotFoundError` catches it, as without DDP"
 
+# %% ../nbs/00_core.ipynb #d6f80985
 class DistributedTimeoutError(CheckpointError, TimeoutError):
     "Ranks did not meet within the timeout; the message names the operation and the ranks that did not arrive"
 
+# %% ../nbs/00_core.ipynb #8d0230d9
 class StoreUnreachableError(CheckpointError, ConnectionError):
     "The process group's store went away with the process that held it: the message names the operation"
 
+# %% ../nbs/00_core.ipynb #5a52a6fe
 class RendezvousError(CheckpointError, ConnectionError):
     "The launcher named several processes, but this one could not meet them: the message names the call and what to do"
 
@@ -41,11 +45,13 @@ def _env_int(names, default=0):
         if os.environ.get(n): return int(os.environ[n])
     return default
 
+# %% ../nbs/00_core.ipynb #a3bd9ace
 def _base_store(store):
     "`store` without the prefixes put around it"
     while isinstance(store, dist.PrefixStore): store = store.underlying_store
     return store
 
+# %% ../nbs/00_core.ipynb #65c71bda
 class RunGroup:
     "The process group this process last met through: its rank, its size and its store, kept after the group ends"
     def __init__(self):
@@ -64,6 +70,8 @@ class RunGroup:
         return self.size > 1
 
 run_group = RunGroup()  # this process's
+
+# %% ../nbs/00_core.ipynb #d9a9fbfa
 _local_mode = False  # set by `local_io`
 
 def group_ready():
@@ -77,18 +85,22 @@ def slurm_step():
     "Is this process one task of several in a SLURM job step (`srun`), not started by torchrun?"
     return 'RANK' not in os.environ and _env_int(['SLURM_STEP_NUM_TASKS']) > 1
 
+# %% ../nbs/00_core.ipynb #cd73acce
 def _launcher_rank(): return _env_int(['RANK', *(['SLURM_PROCID'] if slurm_step() else []), 'OMPI_COMM_WORLD_RANK', 'PMI_RANK'])
 
+# %% ../nbs/00_core.ipynb #0c1befae
 def launched_world():
     "How many processes the launcher's environment names (0 without a launcher)"
     return _env_int(['WORLD_SIZE', *(['SLURM_STEP_NUM_TASKS'] if slurm_step() else []), 'OMPI_COMM_WORLD_SIZE', 'PMI_SIZE'])
 
+# %% ../nbs/00_core.ipynb #a04c3cdf
 def rank_distrib():
     "Global rank of this process: from the process group, else the last one it had, else the launcher's environment"
     if group_ready(): return dist.get_rank()
     if run_group.several: return run_group.rank
     return _launcher_rank()
 
+# %% ../nbs/00_core.ipynb #1aaacf8f
 def num_distrib():
     "Number of processes in the run (0 outside distributed training, as in fastai)"
     if group_ready(): return dist.get_world_size()
@@ -104,23 +116,29 @@ class Topology:
     def local_rank(self, rank): return self.node[:rank].count(self.node[rank])
     def local_size(self, rank): return self.node.count(self.node[rank])
 
+# %% ../nbs/00_core.ipynb #677d0b4b
 _topologies = {}  # process group -> its Topology, learnt from the first exchange
 
 def _group_key(): return id(dist.distributed_c10d._get_default_group())
+
+# %% ../nbs/00_core.ipynb #4e60beab
 def _host_id(): return f"{socket.gethostname()}/{os.environ.get('GROUP_RANK', '')}" # GROUP_RANK: two torchrun agents on one host
 
+# %% ../nbs/00_core.ipynb #d0e3f7d5
 def topology():
     "The `Topology` of this run, known after any exchange (each carries the host names); else one exchange of them"
     if not group_ready(): return Topology(['localhost']*max(num_distrib(), 1))
     if _group_key() not in _topologies: exchange(None, 'topology')
     return _topologies[_group_key()]
 
+# %% ../nbs/00_core.ipynb #45e6e9c1
 def node_rank_distrib():
     "Index of this process's node: torchrun's `GROUP_RANK`, SLURM's `SLURM_NODEID`, else from the `topology`"
     if 'GROUP_RANK' in os.environ: return int(os.environ['GROUP_RANK'])
     if slurm_step(): return _env_int(['SLURM_NODEID'])
     return topology().node[rank_distrib()] if group_ready() else 0
 
+# %% ../nbs/00_core.ipynb #4b537fee
 def local_rank_distrib():
     "Rank of this process within its node: `LOCAL_RANK`, SLURM's `SLURM_LOCALID`, else from the `topology`"
     if 'LOCAL_RANK' in os.environ: return int(os.environ['LOCAL_RANK'])
@@ -135,6 +153,7 @@ def check_scope(scope):
     if scope not in _scopes: raise ValueError(f"scope={scope!r}: it must be 'global' (rank 0 writes) or 'node' (local rank 0 of each node)")
     return scope
 
+# %% ../nbs/00_core.ipynb #0e211727
 def is_main_process(scope='global'):
     "Is this process the one that writes, for `scope` ('global': rank 0; 'node': local rank 0 of each node)?"
     return (local_rank_distrib() if check_scope(scope) == 'node' else rank_distrib()) == 0
@@ -157,20 +176,24 @@ def distrib_timeout(timeout=None):
         raise ValueError(f"{given}: a timeout is a number of seconds, more than 0 and at most {_max_timeout:.0e}")
     return t
 
+# %% ../nbs/00_core.ipynb #4a3e7f96
 def store_outlives_ranks(store):
     "Is `store` hosted outside the ranks' processes (by torchrun's agent, as `accelerate launch` also has it)?"
     if os.environ.get('TORCHELASTIC_USE_AGENT_STORE') != 'True': return False
     while isinstance(store, dist.PrefixStore): store = store.underlying_store
     return isinstance(store, dist.TCPStore) and str(store.port) == os.environ.get('MASTER_PORT')
 
+# %% ../nbs/00_core.ipynb #0adefb60
 def restart_attempt():
     "Which attempt of the run this is: 0, or how many times `torchrun --max-restarts` has restarted the workers"
     return int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0))
 
+# %% ../nbs/00_core.ipynb #d150e4e6
 def run_prefix():
     "Prefix of this library's keys in the store: one per attempt, as the store outlives a restart by `torchrun --max-restarts`"
     return f"ddp_safe/{restart_attempt()}"
 
+# %% ../nbs/00_core.ipynb #b1187acd
 _meetings = {}  # name -> how many meetings of that name this process has been to
 _meetings_entered = 0  # meetings of any name: with the process group's collectives, where this process is in the run
 
@@ -179,6 +202,7 @@ def launcher_may_die_first(store):
     "Is `store` hosted by a launcher's agent that SLURM signals with the ranks (`srun torchrun`)?"
     return 'SLURM_JOB_ID' in os.environ and store_outlives_ranks(store)
 
+# %% ../nbs/00_core.ipynb #7b60dfd7
 def _address_toward(host, port):
     "This host's address on its route to `host`: where the processes that reach `host` reach this one"
     family,_,_,_,addr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
@@ -186,6 +210,7 @@ def _address_toward(host, port):
         s.connect(addr) # a datagram socket sends nothing to connect: it only picks the route
         return s.getsockname()[0]
 
+# %% ../nbs/00_core.ipynb #fea74b6e
 def _store_in_rank0(agent_store, key, timeout):
     "A store that rank 0's process hosts, its address published under `key` in `agent_store`; a client of it elsewhere"
     t = timedelta(seconds=timeout)
@@ -197,6 +222,7 @@ def _store_in_rank0(agent_store, key, timeout):
     with _waiting_up_to(agent_store, timeout): host,port = agent_store.get(key).decode().split()
     return dist.TCPStore(host, int(port), is_master=False, timeout=t)
 
+# %% ../nbs/00_core.ipynb #b5a31e89
 def group_store():
     "The store every rank of the process group reaches: meetings and saves' outcomes go through it"
     store = dist.distributed_c10d._get_default_store()
@@ -221,11 +247,13 @@ def _launcher_store(what):
                               f"store at {addr}:{port} cannot be reached ({str(e).splitlines()[0]}): the launcher has "
                               f"ended. {_do_instead}") from e
 
+# %% ../nbs/00_core.ipynb #ba828fe9
 def first_host(nodelist):
     "The first host of a SLURM node list (`SLURM_JOB_NODELIST`)"
     name,first = re.match(r'([^,\[]+)(?:\[([^\],-]+))?', nodelist.strip()).groups()
     return name + (first or '')
 
+# %% ../nbs/00_core.ipynb #fac4c750
 _slurm_port_base = 15000  # as Lightning's `SLURMEnvironment`: the port is this plus the job id's last four digits
 
 def slurm_master():
@@ -233,6 +261,7 @@ def slurm_master():
     addr = os.environ.get('MASTER_ADDR') or first_host(os.environ.get('SLURM_STEP_NODELIST') or os.environ['SLURM_JOB_NODELIST'])
     return addr, int(os.environ.get('MASTER_PORT') or _slurm_port_base + int(os.environ['SLURM_JOB_ID']) % 10000)
 
+# %% ../nbs/00_core.ipynb #61a931f5
 def _rendezvous(what):
     "How to form the run's group: through a store the ranks share, or through the address rank 0 hosts one on"
     if run_group.several: return dict(store=run_group.store, rank=run_group.rank, world_size=run_group.size)
@@ -246,6 +275,7 @@ def _rendezvous(what):
                           "process group and no rendezvous to make one (MASTER_ADDR and MASTER_PORT are unset). Start the "
                           "script with torchrun or accelerate launch, make the process group first, or unset WORLD_SIZE")
 
+# %% ../nbs/00_core.ipynb #5ed8315d
 def _form_group(what, timeout):
     "Form the run's process group through the store the ranks share, under keys that no earlier group used"
     t,how = timedelta(seconds=distrib_timeout(timeout)),_rendezvous(what)
@@ -257,6 +287,7 @@ def _form_group(what, timeout):
         raise RendezvousError(f"{what}: rank {rank_distrib()} of {num_distrib()} did not form a process group with the "
                               f"other ranks within {t.total_seconds():g}s ({str(e).splitlines()[0]}). {_do_instead}") from e
 
+# %% ../nbs/00_core.ipynb #04755f92
 def share_launch_env():
     "Write this process group's rank and sizes into the environment, where accelerate and fastai read them"
     if not group_ready(): return
@@ -264,6 +295,7 @@ def share_launch_env():
     env = dict(RANK=r, WORLD_SIZE=num_distrib(), LOCAL_RANK=topo.local_rank(r), LOCAL_WORLD_SIZE=topo.local_size(r))
     for k,v in env.items(): os.environ.setdefault(k, str(v))
 
+# %% ../nbs/00_core.ipynb #d6f25b33
 def join_launched_group(timeout=None, # seconds to wait for the other ranks to join
                         what='meeting'): # the call that needs the group, for messages
     "Is this process one of several? Then there is a process group to meet through: the launcher's, or the run's formed again"
@@ -282,10 +314,12 @@ def _last_seen(store, rank):
     k = f"ddp_safe/at/{rank}"
     return store.get(k).decode() if store.check([k]) else 'no meeting yet'
 
+# %% ../nbs/00_core.ipynb #bc15d525
 def _came(store, meeting, r):
     "Did rank `r` come to `meeting` (it may have given up since)?"
     return store.check([f"{meeting}/{r}"]) or store.check([f"{meeting}/{r}/gave_up"])
 
+# %% ../nbs/00_core.ipynb #f0896209
 def _absent(store, meeting, n, what, timeout):
     "Why `meeting` failed: the ranks that did not come, and where each was last seen (or those that gave up)"
     missing = [j for j in range(n) if not _came(store, meeting, j)]
@@ -301,6 +335,7 @@ def _set_chunked(store, key, data):
     store.set(key, str(len(parts)))
     return len(parts)
 
+# %% ../nbs/00_core.ipynb #969c3b3f
 @contextmanager
 def _waiting_up_to(store, timeout):
     "Inside, a read of a key that is not there yet waits for it up to `timeout` seconds"
@@ -309,6 +344,7 @@ def _waiting_up_to(store, timeout):
     try: yield
     finally: store.set_timeout(old)
 
+# %% ../nbs/00_core.ipynb #6eff2c82
 def _get_chunked(store, key, timeout):
     "The bytes that `_set_chunked` put under `key`, once there: one request when they fit in one piece"
     with _waiting_up_to(store, timeout): n,first = store.multi_get([key, f"{key}/0"])
@@ -321,6 +357,7 @@ def _compact(values):
     where = list(map({v:i for i,v in enumerate(distinct)}.__getitem__, values))
     return distinct, bytes(where) if len(distinct) <= 256 else where
 
+# %% ../nbs/00_core.ipynb #dd96650e
 def _expand(distinct, where):
     "The values that `_compact` gave as `(distinct, where)`, in their order"
     return distinct*len(where) if len(distinct) == 1 else list(map(distinct.__getitem__, where))
@@ -337,6 +374,7 @@ def _delete_forever():
             with suppress(Exception): store.delete_key(k) # else the store went with the run
         _to_delete.task_done()
 
+# %% ../nbs/00_core.ipynb #7d3de952
 def _delete_later(store, keys):
     "Remove `keys` from `store` in a background thread of this process; `_to_delete.join()` waits for it"
     global _deleter
@@ -345,6 +383,7 @@ def _delete_later(store, keys):
         _deleter = threading.Thread(target=_delete_forever, daemon=True, name='ddp_safe_fastai: old meeting keys')
         _deleter.start()
 
+# %% ../nbs/00_core.ipynb #eec5ea23
 @atexit.register
 def _stop_deleting(timeout=10):
     "Let the removals end before the interpreter does: a thread still inside the store's C++ code then aborts the process"
@@ -361,12 +400,14 @@ def _gather(store, meeting, n, what, timeout):
     if verdict[1]: _delete_later(store, keys[1:]) # read: the ranks' keys can go (rather than one more message from each)
     return chunks,verdict
 
+# %% ../nbs/00_core.ipynb #7566f5d3
 def _raise_failure(verdict, r):
     "The data of a meeting's `verdict`, or its failure raised on rank `r`"
     failure,data = verdict
     if failure: raise DistributedTimeoutError(f"{failure}; raised on rank {r})")
     return _expand(*data)
 
+# %% ../nbs/00_core.ipynb #761779da
 def _verdict(store, meeting, r, n, what, timeout):
     "Every rank's data at `meeting`, as rank 0 published it; rank 0's failure, or rank 0's absence, raised"
     try: return _raise_failure(pickle.loads(_get_chunked(store, f"{meeting}/all", timeout)), r)
@@ -377,10 +418,12 @@ def _verdict(store, meeting, r, n, what, timeout):
     # rank 0 came later than this rank: it decides, by its own timeout
     return _raise_failure(pickle.loads(_get_chunked(store, f"{meeting}/all", timeout)), r)
 
+# %% ../nbs/00_core.ipynb #5286a95f
 def _published(chunks):
     "The keys, under a meeting's prefix, of rank 0's own data and of the verdict it published in `chunks` pieces"
     return ('0', 'all', *[f"all/{j}" for j in range(chunks)])
 
+# %% ../nbs/00_core.ipynb #29c8325a
 _to_clear = {}  # rank 0, store outside the ranks: store -> the last meeting held there, cleared at the next one
 
 def _clear_later(store, meeting, chunks):
@@ -390,6 +433,7 @@ def _clear_later(store, meeting, chunks):
         _delete_later(store, [f"{last}/{k}" for k in _published(pieces)])
     _to_clear[id(store)] = (meeting, chunks)
 
+# %% ../nbs/00_core.ipynb #12806601
 def _clear(store, meeting, n, chunks, failed, timeout):
     "On rank 0, once every rank that came has read `meeting`: remove its keys, so that a failed one can be held again"
     # without torchrun, `init_process_group` puts the store in rank 0's process: were rank 0 to leave the last meeting
@@ -439,17 +483,20 @@ _max_value = 8*2**20 - 2**12  # the most a `TCPStore` message carries (8 MiB), l
 class _TooLarge(int):
     "The size of an object too large to publish, published instead of it"
 
+# %% ../nbs/00_core.ipynb #26be2663
 def _publishable(obj):
     "`obj` with this process's host name, pickled; its size alone if the store cannot carry it"
     data = pickle.dumps((_host_id(), obj))
     return data if len(data) <= _max_value else pickle.dumps((_host_id(), _TooLarge(len(data))))
 
+# %% ../nbs/00_core.ipynb #b7d40f76
 def _check_sizes(res, what):
     "Raise on every rank if some rank's object was too large to publish"
     big = {r:o for r,o in enumerate(res) if isinstance(o, _TooLarge)}
     if big: raise ValueError(f"{what}: the object of rank(s) {list(big)} pickles to {max(big.values())/2**20:.1f} MiB; "
                              f"ranks exchange at most {_max_value/2**20:.1f} MiB: exchange the path of a file instead")
 
+# %% ../nbs/00_core.ipynb #cb1af1dc
 def exchange(obj, what, timeout=None):
     "Publish `obj` at the meeting named `what` and return the `obj` of every rank, in rank order"
     global _meetings_entered
@@ -472,6 +519,7 @@ def distrib_barrier(timeout=None, what='barrier'):
     "Wait until every rank arrives, or raise `DistributedTimeoutError` naming the ranks that did not"
     exchange(None, what, timeout)
 
+# %% ../nbs/00_core.ipynb #458aba72
 def broadcast_object(obj, src=0, what='broadcast', timeout=None):
     "`obj` as rank `src` has it, on every rank"
     return exchange(obj if rank_distrib() == src else None, what, timeout)[src]
@@ -482,6 +530,7 @@ def _collectives(pg=None):
     try: return (pg or dist.distributed_c10d._get_default_group())._get_sequence_number_for_group()
     except Exception: return 0  # a backend that does not count them: meetings alone mark the place
 
+# %% ../nbs/00_core.ipynb #03da8a57
 def sync_point(pg=None):
     "Where this process is in the run: the collectives of the process group and the meetings it has entered"
     return (_collectives(pg), _meetings_entered)
@@ -490,10 +539,12 @@ def sync_point(pg=None):
 class FileMissing(str):
     "A failure that is a missing file: `raise_failures` then raises a `CheckpointNotFoundError`"
 
+# %% ../nbs/00_core.ipynb #7a07b86b
 def error_for(failures, msg):
     "The error `msg` for `failures`: a `CheckpointNotFoundError` if one is a `FileMissing`, else a `CheckpointError`"
     return (CheckpointNotFoundError if any(isinstance(f, FileMissing) for f in failures) else CheckpointError)(msg)
 
+# %% ../nbs/00_core.ipynb #c8b087d5
 def raise_failures(failures, what):
     "Raise `CheckpointError` if any rank's entry in `failures` (one per rank, None for success) is a failure"
     bad = {r:f for r,f in enumerate(failures) if f is not None}
@@ -501,6 +552,7 @@ def raise_failures(failures, what):
     msgs = list(dict.fromkeys(bad.values()))
     raise error_for(msgs, f"{what}: failed on rank(s) {list(bad)}: " + ' | '.join(msgs))
 
+# %% ../nbs/00_core.ipynb #3c77f628
 def describe(e:BaseException):
     "One line saying what `e` is"
     return f"{type(e).__name__}: {e}"

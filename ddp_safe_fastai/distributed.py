@@ -34,6 +34,7 @@ class _SetAside(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 _set_aside = _SetAside()
 sys.meta_path.insert(0, _set_aside)
 
+# %% ../nbs/03_distributed.ipynb #91b77328
 @contextmanager
 def fastai_defaults_kept():
     "Import fastai modules inside this context: fastai's defaults (`defaults.callbacks`) stay as they were"
@@ -52,6 +53,7 @@ def fastai_original(o, name):
     if saved not in vars(o): setattr(o, saved, vars(o)[name])
     return vars(o)[saved]
 
+# %% ../nbs/03_distributed.ipynb #7f0bdf55
 def rebind_fastai(home, # the fastai module that defines `name`
                   name, new):
     "Make `new` the `name` of fastai: in `home` and in every fastai module that copied it from there"
@@ -76,6 +78,7 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, _AfterImport())
 
+# %% ../nbs/03_distributed.ipynb #3ce48f4b
 def when_imported(name, # a fastai module
                   f): # called with the module
     "Call `f(module)` once module `name` is imported: now if it already is"
@@ -103,6 +106,7 @@ def __init__(self:DistributedTrainer, sync_bn=True, **kwargs):
     _trainer_init(self, sync_bn and cuda, **kwargs)
     self.bn_per_rank = sync_bn and not cuda  # `SyncBatchNorm` runs on CUDA only
 
+# %% ../nbs/03_distributed.ipynb #7d69eeb4
 _fastai_broadcast = fastai_original(DistributedDL, '_broadcast')
 
 @patch
@@ -117,6 +121,7 @@ _said_bn_per_rank = False
 
 def _has_batchnorm(model): return any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
 
+# %% ../nbs/03_distributed.ipynb #04b16ebb
 def _say_bn_per_rank():
     "Tell the user once, on rank 0, that BatchNorm stays per rank"
     global _said_bn_per_rank
@@ -125,6 +130,7 @@ def _say_bn_per_rank():
     warnings.warn("ddp_safe_fastai: SyncBatchNorm needs CUDA; on CPU, BatchNorm layers normalise each rank's batch "
                   "and share rank 0's running statistics (pass sync_bn=False to distrib_ctx to silence this)")
 
+# %% ../nbs/03_distributed.ipynb #6de4c603
 _trainer_before_fit = fastai_original(DistributedTrainer, 'before_fit')
 
 @patch

@@ -14,7 +14,7 @@ except ImportError: fcntl = None  # Windows: no file locks
 
 # %% auto #0
 __all__ = ['flush_to_disk', 'wait_for_closes', 'writer_of', 'state_bytes', 'check_room', 'atomic_write', 'atomic_torch_save',
-           'is_url', 'local_copy_name']
+           'holds', 'is_url', 'local_copy_name']
 
 # %% ../nbs/01_files.ipynb #a43091df
 def flush_to_disk(path, directory=False, strict=False):
@@ -37,10 +37,12 @@ def _open_previous(file):
         with suppress(OSError): os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # only an economy of memory
     return fd
 
+# %% ../nbs/01_files.ipynb #c44fd759
 def _close_quietly(fd):
     "Close `fd`; a failure to close a file that is being removed anyway is nobody's concern"
     with suppress(OSError): os.close(fd)
 
+# %% ../nbs/01_files.ipynb #c93a7d8a
 _closing = []  # threads closing the previous versions of files this process replaced
 
 def _close_later(fd):
@@ -49,18 +51,15 @@ def _close_later(fd):
     t = threading.Thread(target=_close_quietly, args=(fd,), daemon=True)
     t.start(); _closing.append(t)
 
+# %% ../nbs/01_files.ipynb #0df575bb
 def wait_for_closes():
     "Wait until the previous versions of the files this process replaced are freed"
     while _closing: _closing.pop(0).join()
 
 # %% ../nbs/01_files.ipynb #e8185dc6
-def _free_space(file):
-    "How much room is left on `file`'s disk, in words"
-    try: return f"{shutil.disk_usage(file.parent).free/2**20:,.0f} MiB free on its disk"
-    except OSError: return "its directory cannot be read"
-
 def _tmp_prefix(file): return file.parent/f".{file.name}."
 
+# %% ../nbs/01_files.ipynb #e23e613d
 def _lock(fd, wait=False):
     "Lock the open file `fd` for this process alone: True, False if another holds it, None if it cannot be locked"
     if fcntl is None: return None
@@ -68,12 +67,14 @@ def _lock(fd, wait=False):
     except BlockingIOError: return False
     except OSError: return None  # a file system without locks
 
+# %% ../nbs/01_files.ipynb #7604d3a9
 def _is_at(fd, path):
     "Is the open file `fd` still the file at `path`?"
     try: st,fst = os.stat(path),os.fstat(fd)
     except FileNotFoundError: return False
     return (st.st_dev, st.st_ino) == (fst.st_dev, fst.st_ino)
 
+# %% ../nbs/01_files.ipynb #56675759
 def _claim_tmp(file):
     "A new temporary beside `file`, locked for as long as this process holds the returned descriptor"
     # the lock tells a temporary being written from one a killed writer left: two writers of one file (`scope='node'`
@@ -85,6 +86,7 @@ def _claim_tmp(file):
         if _is_at(fd, tmp): return tmp,fd
         os.close(fd)  # another writer's cleanup took it between its creation and the lock
 
+# %% ../nbs/01_files.ipynb #4cc742f1
 _renameat2 = getattr(ctypes.CDLL(None, use_errno=True), 'renameat2', None) if sys.platform == 'linux' else None
 _AT_FDCWD, _RENAME_EXCHANGE = -100, 2  # Linux's <fcntl.h> and <linux/fs.h>: paths from the working directory; swap the two names
 
@@ -97,6 +99,7 @@ def _swap_in(tmp, file):
     os.replace(tmp, file)  # no renameat2, a file system without the exchange, no previous file, or not a file
     return False
 
+# %% ../nbs/01_files.ipynb #a4833f4c
 def _remove_stale_tmps(file):
     "Remove the temporaries beside `file` that no writer holds: killed writers left them"
     for t in glob.glob(glob.escape(str(_tmp_prefix(file))) + '*.tmp'):
@@ -115,6 +118,7 @@ def _tag_writer(path):
     desc = f"host {socket.gethostname()}, pid {os.getpid()}, {' '.join(sys.argv)[:200] or 'python'}, at {time.strftime('%Y-%m-%d %H:%M:%S')}"
     with suppress(OSError, AttributeError): os.setxattr(path, _writer_attr, desc.encode())
 
+# %% ../nbs/01_files.ipynb #b5cc904b
 def writer_of(file):
     "Which process wrote `file`, as this library's atomic writes record it; None if unknown"
     with suppress(OSError, AttributeError): return os.getxattr(file, _writer_attr).decode()
@@ -131,11 +135,13 @@ def state_bytes(obj):
     walk(obj)
     return sum(sizes.values())
 
+# %% ../nbs/01_files.ipynb #2039ba97
 def _existing_dir(path):
     "`path`, or its nearest parent that exists: where the disk can be asked for its free space"
     while not path.is_dir() and path != path.parent: path = path.parent
     return path
 
+# %% ../nbs/01_files.ipynb #73bf9bf7
 def check_room(file, # the file about to be written
                needed): # the bytes it needs
     "Raise `CheckpointError` if `file`'s disk has fewer than `needed` bytes free: before anything is written"
@@ -146,22 +152,13 @@ def check_room(file, # the file about to be written
         raise CheckpointError(f"could not write {file}: not enough room on the disk of {where}: {free:,} bytes free, "
                               f"{needed:,} needed; nothing was written, the previous file, if any, is intact")
 
-# %% ../nbs/01_files.ipynb #0d205a6f
-def atomic_write(file, # the file to write
-                 write, # a function that writes to the path it is given
-                 durable=True, # fsync the file and its directory
-                 needed=None): # bytes the file needs on the disk (default: the size of the file it replaces)
-    "Write `file` through `write(tmp_path)` and put it in place with one atomic rename; `file` is never partly written"
-    file = Path(file)
-    prev = _open_previous(file)  # held open until the end: its blocks are freed when it is closed, in the background
-    try:
-        check_room(file, needed if needed is not None else os.fstat(prev).st_size if prev is not None else 0)
-        _write_and_swap(file, write, durable)
-    finally:
-        if prev is not None: _close_later(prev)
-    _remove_stale_tmps(file)
-    return file
+# %% ../nbs/01_files.ipynb #9a1fabe8
+def _free_space(file):
+    "How much room is left on `file`'s disk, in words"
+    try: return f"{shutil.disk_usage(file.parent).free/2**20:,.0f} MiB free on its disk"
+    except OSError: return "its directory cannot be read"
 
+# %% ../nbs/01_files.ipynb #36aaee6f
 def _write_and_swap(file, write, durable):
     "Write `file` through a temporary of its own and swap it in; remove the name of the previous file"
     try:
@@ -185,9 +182,43 @@ def _write_and_swap(file, write, durable):
     if durable: flush_to_disk(file.parent, directory=True)
     if swapped: tmp.unlink(missing_ok=True)  # the previous file (another writer's cleanup may have been first)
 
+# %% ../nbs/01_files.ipynb #0d205a6f
+def atomic_write(file, # the file to write
+                 write, # a function that writes to the path it is given
+                 durable=True, # fsync the file and its directory
+                 needed=None): # bytes the file needs on the disk (default: the size of the file it replaces)
+    "Write `file` through `write(tmp_path)` and put it in place with one atomic rename; `file` is never partly written"
+    file = Path(file)
+    prev = _open_previous(file)  # held open until the end: its blocks are freed when it is closed, in the background
+    try:
+        check_room(file, needed if needed is not None else os.fstat(prev).st_size if prev is not None else 0)
+        _write_and_swap(file, write, durable)
+    finally:
+        if prev is not None: _close_later(prev)
+    _remove_stale_tmps(file)
+    return file
+
+# %% ../nbs/01_files.ipynb #bf26e205
 def atomic_torch_save(obj, file, durable=True, **torch_save_kwargs):
     "`torch.save(obj, file, **torch_save_kwargs)`, atomically: the previous `file` survives any failure"
     return atomic_write(file, lambda tmp: torch.save(obj, tmp, **torch_save_kwargs), durable, state_bytes(obj))
+
+# %% ../nbs/01_files.ipynb #e35d36fc
+def _alike(saved, obj):
+    "Is `saved`, as `torch.load` read it, what `torch.save(obj)` wrote: the same keys, values, and tensors equal in dtype, shape and every element?"
+    if isinstance(obj, torch.Tensor):
+        return isinstance(saved, torch.Tensor) and (saved.dtype, saved.shape) == (obj.dtype, obj.shape) and torch.equal(saved, obj.detach().cpu())
+    if isinstance(obj, dict): return isinstance(saved, dict) and list(saved) == list(obj) and all(_alike(saved[k], obj[k]) for k in obj)
+    if isinstance(obj, (list, tuple)): return isinstance(saved, (list, tuple)) and len(saved) == len(obj) and all(map(_alike, saved, obj))
+    return type(saved) is type(obj) and saved == obj
+
+# %% ../nbs/01_files.ipynb #89d7a7c8
+def holds(file, # a file `torch.save` wrote
+          obj): # a state: tensors in dicts, lists and tuples
+    "Does `file` hold `obj`, every tensor equal? False for anything else, a file that cannot be read included"
+    try: saved = torch.load(file, map_location='cpu', mmap=True, weights_only=True)  # mapped: the bytes are compared, not copied
+    except Exception: return False
+    return _alike(saved, obj)
 
 # %% ../nbs/01_files.ipynb #c4a1e0f3
 def is_url(fname):

@@ -16,11 +16,13 @@ __all__ = ['Outcome', 'RanksStalled', 'free_port', 'spawn_ranks', 'kill_tree', '
 # %% ../nbs/55_launch.ipynb #2c34777d
 class Outcome:
     "What one rank's function returned or raised"
-    def __init__(self, rank, value=None, error=None, error_type=None): store_attr()
+    def __init__(self, rank, value=None, error=None, error_type=None, traceback=''): # `traceback`: where it raised
+        self.rank,self.value,self.error,self.error_type,self.traceback = rank,value,error,error_type,traceback
     @property
     def ok(self): return self.error is None
     def __repr__(self): return f"rank {self.rank}: " + (repr(self.value) if self.ok else f"{self.error_type}: {self.error}")
 
+# %% ../nbs/55_launch.ipynb #1f91931a
 class RanksStalled(AssertionError):
     "Some ranks did not finish in time"
 
@@ -30,16 +32,17 @@ def free_port():
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
 
+# %% ../nbs/55_launch.ipynb #b00c4e1b
 def _record(outdir, rank, f, *args, **kwargs):
     "Run `f` and write its `Outcome` to `outdir/rank.pkl`; return it"
     try: o = Outcome(rank, f(*args, **kwargs))
-    except BaseException as e: o = Outcome(rank, error=str(e), error_type=type(e).__name__)
-    if not o.ok: o.traceback = traceback.format_exc()
+    except BaseException as e: o = Outcome(rank, error=str(e), error_type=type(e).__name__, traceback=traceback.format_exc())
     try: pickle.dumps(o.value)
-    except Exception: o.value = repr(o.value)
+    except Exception: o = Outcome(rank, repr(o.value))  # what the parent can unpickle
     Path(outdir, f"{rank}.pkl").write_bytes(pickle.dumps(o))
     return o
 
+# %% ../nbs/55_launch.ipynb #f88fbcd4
 def _collect(outdir, nproc, timeout, stalled, log=''):
     "The `Outcome`s in `outdir`; raise `RanksStalled` naming the ranks that wrote none if `stalled`"
     done = {int(p.stem): pickle.loads(p.read_bytes()) for p in Path(outdir).glob('*.pkl')}
@@ -68,6 +71,7 @@ def _spawned(rank, f, args, nproc, port, outdir, env):
     sys.stdout.flush(); sys.stderr.flush()
     os._exit(0)
 
+# %% ../nbs/55_launch.ipynb #f06dbc33
 def spawn_ranks(f, # a module-level function, run on every rank
                 *args, # its arguments
                 nproc=2, # how many ranks
@@ -104,6 +108,7 @@ def _module_of(f):
     if f.__module__ != '__main__': return f.__module__
     return Path(sys.modules['__main__'].__file__).stem
 
+# %% ../nbs/55_launch.ipynb #55f287f2
 def _torchrun_cmd(nproc, nnodes, port, node=0, elastic=False, host='127.0.0.1'):
     "torchrun for node `node`: a static master on one node, a c10d rendezvous on `host` for several, hosted by node 0"
     base = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc)]
@@ -112,6 +117,7 @@ def _torchrun_cmd(nproc, nnodes, port, node=0, elastic=False, host='127.0.0.1'):
     return base + ['--nnodes', f"1:{nnodes}" if elastic else str(nnodes), *(['--max-restarts', '1'] if elastic else []),
                    '--rdzv-backend', 'c10d', '--rdzv-endpoint', f"{host}:{port}", '--rdzv-id', str(port), '--rdzv-conf', conf]
 
+# %% ../nbs/55_launch.ipynb #a4cd2e41
 def torchrun_ranks(f, # a module-level function, run on every rank
                    *args, # its arguments (picklable)
                    nproc=2, # processes per node
@@ -146,6 +152,7 @@ def torchrun_ranks(f, # a module-level function, run on every rank
         if killed: return None
         return _collect(outdir, nproc*left, timeout, time.monotonic() >= deadline, Path(outdir, 'log.txt').read_text())
 
+# %% ../nbs/55_launch.ipynb #d117fbfa
 def _torchrun_main(call):
     "Entry point of a rank started by `torchrun_ranks`"
     mod,name,args,init = pickle.loads(Path(call).read_bytes())

@@ -28,11 +28,13 @@ def model_state(model, opt, with_opt):
     state = get_model(model).state_dict()
     return {'model': state, 'opt': opt.state_dict()} if with_opt and opt is not None else state
 
+# %% ../nbs/10_learner.ipynb #35edb9a3
 def step_tensors(model, opt):
     "The `data_ptr`s of the tensors that only an optimizer step changes: the model's parameters and the optimizer's state"
     state = opt.state_dict()['state'] if opt is not None else []
     return {t.data_ptr() for t in [*get_model(model).parameters(), *tensors_in(state)]}
 
+# %% ../nbs/10_learner.ipynb #a7685078
 def apply_model_state(state, model, opt, with_opt=True, strict=True):
     "Put a state written by `Learner.save` into `model` and `opt`, as fastai's `load_model` does"
     hasopt = set(state) == {'model', 'opt'}
@@ -42,18 +44,22 @@ def apply_model_state(state, model, opt, with_opt=True, strict=True):
         except Exception: warnings.warn("Could not load the optimizer state.")
     elif with_opt: warnings.warn("Saved file doesn't contain an optimizer state.")
 
+# %% ../nbs/10_learner.ipynb #be4cad9d
 def _is_buffer(file):
     "Is `file` an open file or buffer (`io.BytesIO`), which each process saves to and loads from alone, as in fastai?"
     return not isinstance(file, (str, os.PathLike))
 
+# %% ../nbs/10_learner.ipynb #0b539875
 def model_file(learn, file):
     "`file` in `learn`'s model directory, '.pth' added, as fastai names it; unlike fastai's, a load makes no directory"
     return learn.path/learn.model_dir/f"{file}.pth"
 
+# %% ../nbs/10_learner.ipynb #b04d5283
 def _own_memory(o):
     "`o`, or a copy in memory of its own if it is a tensor in host memory (which may be a file's mapped pages)"
     return o.clone() if isinstance(o, torch.Tensor) and o.device.type == 'cpu' else o
 
+# %% ../nbs/10_learner.ipynb #00e54f05
 def _load_into(file, learn, device, with_opt=True, strict=True, weights_only=True, **torch_load_kwargs):
     "Read `file`, written by `Learner.save`, into `learn`: a file on disk is mapped, not first copied into memory"
     mapped = is_torch_zip(file)
@@ -62,6 +68,7 @@ def _load_into(file, learn, device, with_opt=True, strict=True, weights_only=Tru
     if mapped and set(state) == {'model', 'opt'}: state['opt'] = apply(_own_memory, state['opt'])
     apply_model_state(state, learn.model, learn.opt, with_opt, strict)
 
+# %% ../nbs/10_learner.ipynb #27cffd0f
 def load_device(learn, device):
     "Where a load puts tensors: `device` if given, else this rank's own device (not the one the dls were built on)"
     if isinstance(device, int): return torch.device('cuda', device)
@@ -86,6 +93,7 @@ def save(self:Learner,
     file = model_file(self, file) # its directory is made by the writer: a failure there is shared like the write's
     return save_state(state, file, pickle_protocol=pickle_protocol, **kwargs)
 
+# %% ../nbs/10_learner.ipynb #d2b2b59d
 @patch
 @delegates(read_on_all, but='what')
 def load(self:Learner, 
@@ -122,6 +130,7 @@ def _export_to(learn, file, pickle_module=cloudpickle, pickle_protocol=2):
         if state is not None: learn.opt.load_state_dict(state)
         learn.dls = old_dls
 
+# %% ../nbs/10_learner.ipynb #ddb8b2ad
 _fastai_export = fastai_original(Learner, 'export')
 
 @patch
@@ -159,6 +168,7 @@ def _save_dataloaders(self:DataLoaders,
     "Save `self` to `self.path/file`, once, atomically (a pickle: load only files you trust)"
     return save_state(self, Path(self.path)/file, pickle_module=pickle_module, **kwargs)
 
+# %% ../nbs/10_learner.ipynb #1705b275
 @delegates(read_on_all, but='read,what,scope')
 def load_dataloaders(path='.', # the directory
                      file='dls.pkl', # file name in `path`

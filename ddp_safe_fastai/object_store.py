@@ -16,15 +16,18 @@ from .checkpoint_dir import *
 __all__ = ['FsspecStorage', 'ObjectStoreDir', 'check_writable', 'upload_file']
 
 # %% ../nbs/41a_object_store.ipynb #2578723a
-_retry_default = 300  # seconds an upload or a download goes on trying, unless the ranks' timeout is shorter
 # fsspec's backends raise OSErrors for most failures; Azure's SDK raises its own, with the HTTP status
 def _refused(e): return isinstance(e, PermissionError) or getattr(e, 'status_code', None) in (401, 403)
+
+# %% ../nbs/41a_object_store.ipynb #f318664e
 def _missing(e): return isinstance(e, FileNotFoundError) or getattr(e, 'status_code', None) == 404
 
+# %% ../nbs/41a_object_store.ipynb #6e8f780a
 def _permanent(e):
     "Is the failure `e` one that retrying does not mend: a missing bucket or file, refused credentials?"
     return _refused(e) or _missing(e) or isinstance(e, (IsADirectoryError, NotADirectoryError))
 
+# %% ../nbs/41a_object_store.ipynb #b7bbd099
 def _retrying(f, # what to do: no arguments
               what, # the operation, for the message
               until, # `time.monotonic()` after which no try starts
@@ -40,16 +43,23 @@ def _retrying(f, # what to do: no arguments
         time.sleep(pause); pause = min(2*pause, 30)
 
 # %% ../nbs/41a_object_store.ipynb #40d55d91
-_fail_fast = dict(s3=dict(config_kwargs=dict(connect_timeout=5, retries=dict(max_attempts=2))))  # s3fs's: botocore's
+_s3_checksums = dict(request_checksum_calculation='when_required', response_checksum_validation='when_required')
 
-_log = logging.getLogger('ddp_safe_fastai')
+def _store_defaults(scheme):
+    "The fsspec options of a store that the user's `storage_options` override: s3fs fails fast, its checksums left to the manifest"
+    if scheme != 's3': return {}
+    from botocore.config import Config  # s3fs's client
+    checksums = _s3_checksums if set(_s3_checksums) <= set(Config.OPTION_DEFAULTS) else {}  # botocore 1.36 and later
+    return dict(config_kwargs=dict(connect_timeout=5, retries=dict(max_attempts=2), **checksums))
 
+# %% ../nbs/41a_object_store.ipynb #9889f15a
 def _merged(defaults, given):
     "`given` over `defaults`, dicts merged key by key"
     out = dict(defaults)
     for k,v in given.items(): out[k] = _merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
+# %% ../nbs/41a_object_store.ipynb #5fd1978b
 def _why_unwritable(e):
     "What the failure `e` of a write to a store means, in words"
     first = describe(e).split('\n')[0]
@@ -58,6 +68,9 @@ def _why_unwritable(e):
     if isinstance(e, (ConnectionError, TimeoutError)) or 'Connect' in type(e).__name__: return f"its endpoint does not answer ({first})"
     return first
 
+# %% ../nbs/41a_object_store.ipynb #8872ff3c
+_retry_default = 300  # seconds an upload or a download goes on trying, unless the ranks' timeout is shorter
+_log = logging.getLogger('ddp_safe_fastai')
 _checkpoint_name = re.compile(r'epoch_\d{4,}(_iter_\d{6,})?')  # what `checkpoint_name` makes
 
 class FsspecStorage(CheckpointStorage):
@@ -68,7 +81,7 @@ class FsspecStorage(CheckpointStorage):
         import fsspec  # only checkpoints in object storage need it
         self.url = url.rstrip('/')
         scheme = self.url.split('://')[0]
-        try: self.fs,self.root = fsspec.core.url_to_fs(self.url, **_merged(_fail_fast.get(scheme, {}), storage_options or {}))
+        try: self.fs,self.root = fsspec.core.url_to_fs(self.url, **_merged(_store_defaults(scheme), storage_options or {}))
         except (ImportError, ValueError) as e: raise CheckpointError(f"{self.url}: {describe(e)}") from e
         self.retry_for = ifnone(retry_for, float(os.environ.get('DDP_SAFE_UPLOAD_RETRY', min(_retry_default, distrib_timeout()/2))))
 

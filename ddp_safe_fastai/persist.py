@@ -20,16 +20,19 @@ from .files import *
 # %% auto #0
 __all__ = ['save_matching', 'background_saves', 'call_site', 'SaveMatching', 'tensors_in', 'SaveHandle', 'BackgroundSaves',
            'host_copy', 'wait_for_copies', 'stage_for_save', 'replaced_since_written', 'flush_saves',
-           'check_not_replaced', 'save_on_main', 'split_kwargs', 'save_state', 'prepare_dir', 'dir_is_shared',
-           'once_per_disk', 'read_on_all', 'is_torch_zip', 'fastai_torch_load', 'load_state']
+           'check_not_replaced', 'save_on_main', 'split_kwargs', 'save_state', 'last_written', 'link_written',
+           'remove_tree', 'prepare_dir', 'dir_is_shared', 'once_per_disk', 'read_on_all', 'is_torch_zip',
+           'fastai_torch_load', 'load_state']
 
 # %% ../nbs/02_persist.ipynb #a6f5bf2d
 def _save_prefix(scope):
     "Store prefix of the saves of `scope`, which have one writer: rank 0, or the local rank 0 of this node"
     return f"{run_prefix()}/save" + ('' if scope == 'global' else f"/node{node_rank_distrib()}")
 
+# %% ../nbs/02_persist.ipynb #c985cd8b
 def _place(at): return '.'.join(map(str, at))
 
+# %% ../nbs/02_persist.ipynb #34509af7
 def call_site():
     "Where the script called this save from: its whole call stack, as a short hash, the same on every rank"
     f,lines = sys._getframe(1),[]
@@ -39,6 +42,7 @@ def call_site():
 # %% ../nbs/02_persist.ipynb #6fcf8d8d
 def _current_group(): return dist.distributed_c10d._get_default_group() if dist.is_initialized() else None
 
+# %% ../nbs/02_persist.ipynb #13be28fc
 _exit_wait = 60  # seconds: a reader that died does not hold the exit longer
 
 class SaveMatching:
@@ -119,6 +123,7 @@ def _outcome(store, key, file, timeout):
                                       f"(raised on rank {rank_distrib()})") from e
     return pickle.loads(store.get(key))
 
+# %% ../nbs/02_persist.ipynb #5085215a
 def _match(store, prefix, name, file, at, site, idx):
     "The number of the main process's save that answers this rank's (the same place, call site and count there), if it is known yet"
     mine = f"{prefix}/{name}/{_place(at)}/{site}/{idx}"
@@ -132,6 +137,7 @@ def _match(store, prefix, name, file, at, site, idx):
     raise CheckpointError(f"save {file}: rank {rank_distrib()} saved it but the main process did not, "
         "between the same two collectives or meetings (every rank calls a save, or the main process alone)")
 
+# %% ../nbs/02_persist.ipynb #62905e90
 def _matching_write(store, prefix, name, file, at, site, idx, timeout):
     "The number of the main process's save that answers this rank's, waiting for it up to `timeout` seconds"
     left = f"{prefix}/left/{_place(at)}"
@@ -145,6 +151,7 @@ def _matching_write(store, prefix, name, file, at, site, idx, timeout):
     raise DistributedTimeoutError(f"save {file}: the main process did not save it within {timeout:g}s of rank "
                                   f"{rank_distrib()} (every rank calls a save, or the main process alone)")
 
+# %% ../nbs/02_persist.ipynb #15d9214e
 def _wait_for_writer(prefix, name, file, at, site, idx, timeout):
     "On a rank that does not write: the outcome of the main process's save of `file` that answers this one"
     store,timeout = group_store(),distrib_timeout(timeout)
@@ -152,6 +159,7 @@ def _wait_for_writer(prefix, name, file, at, site, idx, timeout):
         n = _matching_write(store, prefix, name, file, at, site, idx, timeout)
         return _outcome(store, f"{prefix}/{name}/{n}", file, timeout)
 
+# %% ../nbs/02_persist.ipynb #5e05835d
 def _writer_done(prefix, name, file, at, site, idx):
     "On a rank that does not write: has the main process published the outcome of the save that answers this one? (no wait)"
     store = group_store()
@@ -167,12 +175,14 @@ def _yield_to_training():
     if not sys.platform.startswith('linux'): return
     with suppress(OSError): os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), _lowest_priority)  # a sandbox that forbids it: writes go on as they are
 
+# %% ../nbs/02_persist.ipynb #d65925fa
 def tensors_in(obj):
     "The tensors in `obj`, alone or in dicts, lists and tuples"
     if isinstance(obj, torch.Tensor): yield obj
     elif isinstance(obj, (dict, list, tuple)):
         for o in (obj.values() if isinstance(obj, dict) else obj): yield from tensors_in(o)
 
+# %% ../nbs/02_persist.ipynb #509b9587
 def _copy_pairs(pairs):
     for t,dest in pairs: dest.copy_(t)
 
@@ -285,10 +295,12 @@ def host_copy(obj, later=(), deferred=None):
     "`BackgroundSaves.host_copy` of this process"
     return background_saves.host_copy(obj, later, deferred)
 
+# %% ../nbs/02_persist.ipynb #d380b4c9
 def wait_for_copies():
     "Wait for the background copies of staged saves: call it before anything changes the tensors they read"
     background_saves.wait_for_copies()
 
+# %% ../nbs/02_persist.ipynb #b9ff4f96
 def stage_for_save(obj, # the state the next background save writes
                    scope='global', # the save's scope: who writes
                    later=()): # `data_ptr`s of tensors that stay as they are until `wait_for_copies`: copied in the background
@@ -306,6 +318,7 @@ def _identity(file):
         st = os.stat(file)
         return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
+# %% ../nbs/02_persist.ipynb #487af2a8
 def replaced_since_written(file):
     "On the writer: None if `file` is what this process last wrote there (or it never wrote it); else what happened"
     file = Path(file).absolute()
@@ -323,15 +336,17 @@ def _write_and_publish(file, write, durable, key, copies=(), needed=None):
         for c in copies: c.result()
         atomic_write(file, write, durable, needed); failure = None
     except CheckpointError as e: failure = str(e)
-    else: _written[file] = _identity(file)
+    else: _written.pop(file, None); _written[file] = _identity(file)  # in the order of the writes: `last_written`
     finally:
         if key: group_store().set(key, pickle.dumps(failure))
     return failure
 
+# %% ../nbs/02_persist.ipynb #57d80968
 def _raise_failure(failure):
     "The same error on every rank: the main process's failure to write a file"
     if failure: raise CheckpointError(failure)
 
+# %% ../nbs/02_persist.ipynb #1469dc15
 def flush_saves(timeout=None, # seconds to wait for the main process's writes
                 file=None): # only until the writes of this file are done (and those before them)
     "Wait for this rank's background copies and saves; raise `CheckpointError` on every rank if a write failed"
@@ -350,6 +365,15 @@ def check_not_replaced(file, # the file this run saved and is about to read back
     raise_failures(exchange(why, f"{what} {file.name} (written by this run?)", timeout), f"{what} {file}")
 
 # %% ../nbs/02_persist.ipynb #9416241d
+def _and_upload(write, url, storage_options):
+    "`write`, then an upload of what it wrote to `url`: the local file is put in place only once the upload is whole"
+    def write_and_upload(tmp):
+        from .object_store import upload_file  # object storage is built on this module
+        write(tmp)
+        upload_file(tmp, url, storage_options)
+    return write_and_upload
+
+# %% ../nbs/02_persist.ipynb #573dc655
 def save_on_main(file, # the file to write
                  write, # writes the content to the path it is given
                  scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
@@ -380,18 +404,11 @@ def save_on_main(file, # the file to write
         _raise_failure(_wait_for_writer(*match, timeout))
     return file
 
-def _and_upload(write, url, storage_options):
-    "`write`, then an upload of what it wrote to `url`: the local file is put in place only once the upload is whole"
-    def write_and_upload(tmp):
-        from .object_store import upload_file  # object storage is built on this module
-        write(tmp)
-        upload_file(tmp, url, storage_options)
-    return write_and_upload
-
 # %% ../nbs/02_persist.ipynb #b30aff95
 @cache
 def _param_names(f): return set(inspect.signature(f).parameters)  # looked up once: it costs more than a small load's bookkeeping
 
+# %% ../nbs/02_persist.ipynb #5444180e
 def split_kwargs(kwargs, f):
     "`kwargs` in two: those that are parameters of `f`, and the others"
     names = _param_names(f)
@@ -409,11 +426,41 @@ def save_state(obj, # what `torch.save` writes
     if opts.get('async_save'): obj = stage_for_save(obj, opts.get('scope', 'global'), later)
     return save_on_main(file, lambda tmp: torch.save(obj, tmp, **torch_save_kwargs), **opts)
 
+# %% ../nbs/02_persist.ipynb #32859234
+def last_written():
+    "The file that this process's writes put in place last, or None: where a save at the same point of the fit may find its tensors"
+    return next(reversed(_written), None)
+
+# %% ../nbs/02_persist.ipynb #227f215c
+def link_written(file, # a file this process wrote
+                 link): # a new name for it, on the same disk
+    "Give `file`, as this process last wrote it, the name `link` too; False if another file is there now or no link can be made"
+    file = Path(file).absolute()
+    if file not in _written or replaced_since_written(file): return False
+    try: os.link(file, link)
+    except OSError: return False  # another disk, a file system without hard links, or `link` taken
+    now = _identity(link)
+    if now is None or now[:4] != _written[file][:4]:  # replaced between the check and the link: not ours
+        with suppress(OSError): os.unlink(link)
+        return False
+    _written[file] = now  # the new name changed its ctime
+    return True
+
+# %% ../nbs/02_persist.ipynb #09c263c4
+def remove_tree(path):
+    "Remove the directory `path` (as `shutil.rmtree(path, ignore_errors=True)`); the files this process wrote that had a second name in it stay its own"
+    ours = [f for f in _written if not replaced_since_written(f)]
+    shutil.rmtree(path, ignore_errors=True)
+    for f in ours:
+        now = _identity(f)
+        if now is not None and now[:4] == _written[f][:4]: _written[f] = now  # the same file, a name fewer: a new ctime
+
 # %% ../nbs/02_persist.ipynb #4faccbe3
 def _truncated(file):
     "Is `file` a zip archive (torch's format) whose end is missing?"
     return is_torch_zip(file) and not zipfile.is_zipfile(file)
 
+# %% ../nbs/02_persist.ipynb #8a4713a2
 def _why_unreadable(e, file=None):
     "What a failed read of a checkpoint means, in words, without the rank (ranks are listed beside it)"
     msg = str(e).split('\n')[0]
@@ -428,6 +475,7 @@ def _why_unreadable(e, file=None):
         return f"truncated or corrupt file ({type(e).__name__}: {msg})"
     return f"{type(e).__name__}: {msg}"
 
+# %% ../nbs/02_persist.ipynb #303d35b4
 def _read(file, read):
     "`read(file)`, on this rank alone; `(result, None)` or `(None, why it failed)`"
     try:
@@ -472,6 +520,7 @@ def dir_is_shared(path, # the directory, as this rank names it
                    + ('' if shared else f" (rank(s) {[r for r,s in enumerate(seen) if not s]} see another directory)"))
     return shared
 
+# %% ../nbs/02_persist.ipynb #2fcc352c
 def _broadcast_bytes(data, src=0):
     "`data` (bytes) from rank `src`, on every rank, through the backend"
     dev = rank_device()
@@ -482,6 +531,7 @@ def _broadcast_bytes(data, src=0):
     dist.broadcast(buf, src)
     return buf.cpu().numpy().tobytes()
 
+# %% ../nbs/02_persist.ipynb #7410d751
 def _broadcast_files(): return os.environ.get('DDP_SAFE_BROADCAST_FILES', '1') != '0'
 
 # %% ../nbs/02_persist.ipynb #18f3e08b
@@ -491,6 +541,7 @@ def _nearest_dir(path):
     while not path.is_dir() and path != path.parent: path = path.parent
     return path
 
+# %% ../nbs/02_persist.ipynb #51aac3c6
 def once_per_disk(target, # the file or folder that `make` writes
                   make, # makes it; runs on one process per disk that holds `target`
                   what): # the operation, for meetings and messages (the same on every rank)
@@ -512,6 +563,7 @@ def _meet(meeting, file, timeout):
     try: return exchange(file.is_file(), meeting, timeout)
     except DistributedTimeoutError as e: raise DistributedTimeoutError(f"{e}. {_alone_hint}") from e
 
+# %% ../nbs/02_persist.ipynb #ff9db2ba
 def _source(file, meeting, scope, timeout):
     "What this rank reads: `file`, or rank 0's bytes of it when its directory is not shared"
     have = _meet(meeting, file, timeout)
@@ -529,6 +581,7 @@ def _source(file, meeting, scope, timeout):
         "scope='node', or set DDP_SAFE_BROADCAST_FILES=1 to have rank 0 send it")
     return file
 
+# %% ../nbs/02_persist.ipynb #047a3a7c
 def read_on_all(file, # the file to read
                 read, # reads the file (a path or a file object) it is given
                 what='load', # the operation, for messages
@@ -547,13 +600,7 @@ def read_on_all(file, # the file to read
     raise_failures(exchange(failure, meeting+' (outcome)', timeout), f"{what} {file}")
     return res
 
-# %% ../nbs/02_persist.ipynb #2b56dd68
-@cache
-def _fastai_safe_globals():
-    "The non-tensor types that fastai's model and optimizer states contain"
-    npc = getattr(np, '_core', None) or np.core
-    return [L, npc.multiarray.scalar, np.dtype, *[getattr(np.dtypes, t) for t in np.dtypes.__all__]]
-
+# %% ../nbs/02_persist.ipynb #3c45963b
 def is_torch_zip(file):
     "Can `torch.load` map `file` into memory rather than read it (a path, to a file in torch's zip format)?"
     if not isinstance(file, (str, os.PathLike)): return False
@@ -561,11 +608,20 @@ def is_torch_zip(file):
         with open(file, 'rb') as f: return f.read(4) == b'PK\x03\x04'
     except OSError: return False
 
+# %% ../nbs/02_persist.ipynb #2b56dd68
+@cache
+def _fastai_safe_globals():
+    "The non-tensor types that fastai's model and optimizer states contain"
+    npc = getattr(np, '_core', None) or np.core
+    return [L, npc.multiarray.scalar, np.dtype, *[getattr(np.dtypes, t) for t in np.dtypes.__all__]]
+
+# %% ../nbs/02_persist.ipynb #525e41f0
 def fastai_torch_load(file, weights_only=True, **kwargs):
     "`torch.load`; with `weights_only`, the non-tensor types of fastai's states are allowed too, as in fastai's `load_model`"
     if not weights_only: return torch.load(file, weights_only=False, **kwargs)
     with torch.serialization.safe_globals(_fastai_safe_globals()): return torch.load(file, weights_only=True, **kwargs)
 
+# %% ../nbs/02_persist.ipynb #2a457d36
 @delegates(read_on_all, but='read')
 def load_state(file, # the checkpoint
                map_location=None, # where tensors go (default: this rank's device, see `rank_device`)

@@ -75,6 +75,7 @@ def slurm_job():
     if os.environ.get('SLURM_ARRAY_TASK_ID'): return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
     return os.environ.get('SLURM_JOB_ID')
 
+# %% ../nbs/42_signals.ipynb #fc9eb4de
 _scontrol_timeout = 30  # seconds: the controller answers at once, or is down
 
 def requeue_slurm_job(job):

@@ -19,6 +19,7 @@ class Rows(Transform):
     def __init__(self, t): self.t = t
     def encodes(self, i): return self.t[i]
 
+# %% ../nbs/90_testing.ipynb #9e02892d
 def synth_learner(n=64, # training samples
                   path=None, # the `Learner`'s path
                   seed=0, # data and weights are the same on every rank

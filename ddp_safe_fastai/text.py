@@ -33,6 +33,7 @@ def _encoder(learn):
     enc = get_model(learn.model)[0]
     return getattr(enc, 'module', enc)
 
+# %% ../nbs/20_text.ipynb #395bddb5
 _fastai_save_encoder,_fastai_load_encoder = fastai_original(TextLearner, 'save_encoder'),fastai_original(TextLearner, 'load_encoder')
 
 @patch
@@ -44,6 +45,7 @@ def save_encoder(self:TextLearner,
     return save_state(_encoder(self).state_dict(), join_path_file(file, self.path/self.model_dir, ext='.pth'),
                       **kwargs)
 
+# %% ../nbs/20_text.ipynb #ed5e2faa
 @patch
 @delegates(read_on_all, but='read,what,scope')
 def load_encoder(self:TextLearner, 
@@ -85,6 +87,7 @@ def _tokenize_here(func, files, path, out, skip_if_exists, **kwargs):
     (out/fn_counter_pkl).unlink(missing_ok=True)
     return _fastai_tokenize_files(func, files, path, output_dir=out, skip_if_exists=False, **kwargs)
 
+# %% ../nbs/20_text.ipynb #c7dc8d0e
 @delegates(_fastai_tokenize_files)
 def tokenize_files_once(func, files, path, output_dir=None, skip_if_exists=False, **kwargs):
     "fastai's `_tokenize_files` on one process per disk; the other ranks wait until the cache is whole"
@@ -129,6 +132,7 @@ def _drawn(dl, idxs):
     try: yield
     finally: del dl.get_idxs
 
+# %% ../nbs/20_text.ipynb #bf0e4307
 @patch
 def get_idxs(self:DistributedDL):
     "fastai's slice of the indices for this rank; whole batches for a language model's loader; none of an empty pass"

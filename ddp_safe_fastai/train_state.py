@@ -23,10 +23,10 @@ with fastai_defaults_kept():
 # %% auto #0
 __all__ = ['FORMAT', 'get_rng_state', 'set_rng_state', 'derived_rng_state', 'rng_state_for', 'epoch_remainder', 'resume_pass',
            'ResumePoint', 'resuming', 'callback_state', 'load_callback_state', 'inner_dls', 'world_size',
-           'epoch_fraction', 'capture_state', 'upgrade_state', 'apply_state', 'resume_within_epoch']
+           'epoch_fraction', 'capture_state', 'checkpoint_files', 'upgrade_state', 'apply_state', 'resume_within_epoch']
 
 # %% ../nbs/40_train_state.ipynb #f83374bc
-FORMAT = 2 # the checkpoint format this release writes: `capture_state`'s keys, in `state.pth`, `rng.pth` and `manifest.json`
+FORMAT = 3 # the checkpoint format this release writes: `capture_state`'s keys, in `model.pth`, `state.pth`, `rng.pth` and `manifest.json`
 
 # %% ../nbs/40_train_state.ipynb #2b49a122
 def get_rng_state():
@@ -35,6 +35,7 @@ def get_rng_state():
     return dict(python=random.getstate(), numpy=(npst[0], npst[1].tolist(), *npst[2:]), torch=torch.get_rng_state(),
                 cuda=torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [])
 
+# %% ../nbs/40_train_state.ipynb #ebf51553
 def set_rng_state(state):
     "Restore random states saved by `get_rng_state` (or made by `derived_rng_state`)"
     random.setstate(tuple(tuple(o) if isinstance(o, list) else o for o in state['python']))
@@ -54,6 +55,7 @@ def derived_rng_state(states, # the random states the checkpoint holds, one per 
     return dict(python=random.Random(seed).getstate(), numpy=(npst[0], npst[1].tolist(), *npst[2:]),
                 torch=torch.Generator().manual_seed(seed).get_state(), cuda=[], seed=seed)
 
+# %% ../nbs/40_train_state.ipynb #c0a2bbca
 def rng_state_for(states, rank):
     "The random states of `rank`: its own if the checkpoint has them, else derived from it"
     return states[rank] if rank < len(states) else derived_rng_state(states, rank)
@@ -61,6 +63,7 @@ def rng_state_for(states, rank):
 # %% ../nbs/40_train_state.ipynb #63fe97d7
 def _share_batches(n, bs, drop_last): return n//bs if drop_last else -(-n//bs)
 
+# %% ../nbs/40_train_state.ipynb #78b4bcb2
 def epoch_remainder(idxs, # the epoch's indices, in the order its DataLoader drew them
                     done, # `[(world size, batches each rank did), ...]`
                     bs, # the batch size
@@ -133,6 +136,7 @@ def _do_fit(self:Learner):
                 if hasattr(cb, 'after_fit_raised'): cb.after_fit_raised(e)
             raise
 
+# %% ../nbs/40_train_state.ipynb #388c282a
 _fastai_all_batches = fastai_original(Learner, 'all_batches')
 
 @patch
@@ -143,6 +147,7 @@ def all_batches(self:Learner):
     with point.training_pass(self.dl) if point and point.within else nullcontext(0) as start:
         for o in enumerate(self.dl, start): self.one_batch(*o)
 
+# %% ../nbs/40_train_state.ipynb #7891b21e
 _fastai_sample = fastai_original(DataLoader, 'sample')
 
 @patch
@@ -154,7 +159,6 @@ def sample(self:DataLoader):
 
 # %% ../nbs/40_train_state.ipynb #cb0407df
 _tracker_attrs = ('best', 'wait', 'new_best', 'saved_in_fit')
-_metric_attrs = ('total', 'count', 'preds', 'targs')  # what fastai's metrics accumulate over an epoch
 
 def callback_state(cb):
     "What `cb` has learnt so far in the fit, to carry across a resume (None: nothing): its own `state_dict()`, or fastai's"
@@ -167,6 +171,7 @@ def callback_state(cb):
     if scaler is not None and scaler.is_enabled(): return dict(scaler=scaler.state_dict())
     return None
 
+# %% ../nbs/40_train_state.ipynb #5d95cd77
 def load_callback_state(cb, state):
     "Give `cb` back the `state` that `callback_state` took"
     if getattr(type(cb), 'load_state_dict', None): return cb.load_state_dict(state)
@@ -176,6 +181,7 @@ def load_callback_state(cb, state):
             for p,g in zip(cb.learn.model.parameters(), v): p.grad = None if g is None else g.to(p.device)
         else: setattr(cb, k, Path(v) if k == 'saved_in_fit' else v)
 
+# %% ../nbs/40_train_state.ipynb #d487ed1e
 def _stateful_callbacks(learn):
     "The callbacks of `learn` that have a state to carry, in the order they run"
     return [cb for cb in learn.cbs.sorted('order') if callback_state(cb) is not None]
@@ -185,13 +191,18 @@ def inner_dls(learn):
     "The DataLoaders being trained on, unwrapped from `DistributedDL`"
     return [getattr(dl, 'dl', dl) for dl in learn.dls.loaders]
 
+# %% ../nbs/40_train_state.ipynb #55d55885
 def world_size(): return max(num_distrib(), 1)
 
+# %% ../nbs/40_train_state.ipynb #5d672f47
 def epoch_fraction(learn, done):
     "The fraction of the epoch's samples the ranks trained on, from its `done` (see `epoch_remainder`)"
     if not done: return 0.
     dl = getattr(learn.dl, 'dl', learn.dl)
     return sum(ws*b for ws,b in done) * dl.bs / max(dl.n, 1)
+
+# %% ../nbs/40_train_state.ipynb #615bfd56
+_metric_attrs = ('total', 'count', 'preds', 'targs')  # what fastai's metrics accumulate over an epoch
 
 def capture_state(learn:Learner, # the Learner, after a training batch or an epoch
                   fit:int, # which fit of the script this is
@@ -209,13 +220,23 @@ def capture_state(learn:Learner, # the Learner, after a training batch or an epo
                 iters=list(rec.iters), smooth_count=rec.smooth_loss.count, smooth_loss=float(rec.smooth_loss.val),
                 callbacks=[(type(cb).__name__, callback_state(cb)) for cb in _stateful_callbacks(learn)])
 
+# %% ../nbs/40_train_state.ipynb #e77fd1bc
+def checkpoint_files(state, # `capture_state`'s
+                     rngs): # every rank's random states
+    "The files of a checkpoint of `state`: the model's weights (`model.pth`), the rest (`state.pth`), the random states (`rng.pth`)"
+    m = state['model']
+    weights,rest = (m['model'], {'opt': m['opt']}) if set(m) == {'model', 'opt'} else (m, {})
+    return {'model.pth': weights, 'state.pth': {**state, 'model': rest}, 'rng.pth': rngs}
+
 # %% ../nbs/40_train_state.ipynb #c8b1cb0c
-def upgrade_state(state, # a training state, as `torch.load` read it
-                  manifest): # its checkpoint's manifest
+def upgrade_state(state, # a training state, as `torch.load` read `state.pth`
+                  manifest, # its checkpoint's manifest
+                  weights=None): # format 3: the model's weights, from `model.pth`
     "`state` in this release's `FORMAT`, whichever earlier format wrote it"
     if state.get('format', 1) == 1: # 0.1.0 counted an interrupted epoch's batches on the world size of the manifest
         done = [(manifest.get('world_size', 1), state['iter'])] if state['iter'] else []
         state = {**state, 'format': 2, 'done': done}
+    if weights is not None: state = {**state, 'model': {'model': weights, **state['model']}}  # format 3: the weights apart
     return state
 
 # %% ../nbs/40_train_state.ipynb #5978c9f2
@@ -225,6 +246,7 @@ def _check_callbacks(learn, state, what):
     if mine != saved: raise CheckpointError(f"{what}: it was saved with the callbacks {saved}; this fit has {mine}: "
                                             "run it with the same callbacks")
 
+# %% ../nbs/40_train_state.ipynb #b2626cae
 def apply_state(learn:Learner, # the Learner, in `before_fit`
                 state:dict, # a training state in this release's `FORMAT`
                 rng:dict, # this rank's random states (`rng_state_for`)

@@ -33,7 +33,6 @@ _replacing = contextmanager(replacing_yield)  # fastai's: an attribute replaced 
 
 # %% ../nbs/31_writers.ipynb #abe1c523
 _fastai_lrfinder_before_fit = fastai_original(LRFinder, 'before_fit')
-_fastai_lrfinder_after_fit = fastai_original(LRFinder, 'after_fit')
 
 @patch(nm='before_fit')
 def _lrfinder_before_fit(self:LRFinder):
@@ -42,6 +41,9 @@ def _lrfinder_before_fit(self:LRFinder):
     super(LRFinder, self).before_fit()
     self.saved = self.learn.save(io.BytesIO(), with_opt=True)
     self.best_loss = float('inf')
+
+# %% ../nbs/31_writers.ipynb #03a5b639
+_fastai_lrfinder_after_fit = fastai_original(LRFinder, 'after_fit')
 
 @patch(nm='after_fit')
 def _lrfinder_after_fit(self:LRFinder):
@@ -52,10 +54,10 @@ def _lrfinder_after_fit(self:LRFinder):
     self.learn.load(self.saved, with_opt=True)
 
 # %% ../nbs/31_writers.ipynb #9e856548
-_fastai_csv_before_fit = fastai_original(CSVLogger, 'before_fit')
-_fastai_csv_after_fit = fastai_original(CSVLogger, 'after_fit')
-
 def _log_name(cb): return f"CSVLogger {cb.path/cb.fname}"
+
+# %% ../nbs/31_writers.ipynb #99c30c2a
+_fastai_csv_before_fit = fastai_original(CSVLogger, 'before_fit')
 
 @patch(nm='before_fit')
 def _csv_before_fit(self:CSVLogger):
@@ -66,6 +68,9 @@ def _csv_before_fit(self:CSVLogger):
         try: _fastai_csv_before_fit(self)
         except OSError as e: failure = describe(e)
     raise_failures(exchange(failure, _log_name(self)), _log_name(self))
+
+# %% ../nbs/31_writers.ipynb #305b80e0
+_fastai_csv_after_fit = fastai_original(CSVLogger, 'after_fit')
 
 @patch(nm='after_fit')
 def _csv_after_fit(self:CSVLogger):
@@ -96,6 +101,7 @@ def once_per_dest(f): # a fastai function that writes into the folder of its arg
     _once.__module__ = __name__  # fastai's name and docs, this library's code
     return _once
 
+# %% ../nbs/31_writers.ipynb #62de9bb1
 def _image_folders_once(utils):
     "Make `download_images` and `resize_images` of fastai's module `utils` write once per disk"
     for name in ('download_images', 'resize_images'): rebind_fastai(utils, name, once_per_dest(fastai_original(utils, name)))
@@ -112,6 +118,7 @@ def locked_file(path): # the lock file, made if needed
         try: yield
         finally: fcntl.flock(f, fcntl.LOCK_UN)
 
+# %% ../nbs/31_writers.ipynb #4134a7e5
 _fastai_fastai_cfg = fastai_original(fastai.data.external, 'fastai_cfg')
 
 def fastai_cfg():

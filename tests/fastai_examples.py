@@ -14,7 +14,7 @@ from fastai.tabular.all import *
 from fastai.collab import *
 from fastai.distributed import *
 from ddp_safe_fastai.all import *
-from group_lifetime import digest, own_weights
+from core_group_lifetime_scenarios import digest, own_weights
 
 def after_training(learn, tag='final'):
     "What a user does next with the trained model, on every rank; a rank's own weights first made unlike the others'"

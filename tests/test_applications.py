@@ -1,4 +1,5 @@
-"The four fastai applications in `examples/`, run as users run them, under torchrun and accelerate launch"
+"""`applications` (nbs/51_applications.ipynb): the four fastai applications in `examples/`, run as users run them, under
+torchrun and accelerate launch"""
 import os, sys, json, time, subprocess
 from pathlib import Path
 import pytest
@@ -31,7 +32,7 @@ def run_example(launcher, app, path, timeout=420):
     rep['seconds'] = time.monotonic() - t
     return rep
 
-CKPT = ['manifest.json', 'rng.pth', 'state.pth']
+CKPT = ['manifest.json', 'model.pth', 'rng.pth', 'state.pth']
 def ckpts(name, epochs): return [f'models/{name}/epoch_{e:04d}/{f}' for e in epochs for f in CKPT] + [f'models/{name}/latest']
 
 FILES = {  # what each example leaves: one copy of each file, written by rank 0 alone, no temporaries
@@ -45,6 +46,7 @@ FILES = {  # what each example leaves: one copy of each file, written by rank 0 
 @pytest.mark.parametrize('launcher', ['torchrun', 'accelerate'])
 @pytest.mark.parametrize('app', list(FILES))
 def test_application(app, launcher, tmp_path):
+    "Each example on 2 ranks: every rank ends with the best model's weights and gives one prediction; one copy of each file, written by rank 0 alone, no temporaries"
     if app == 'vision' and not torchvision_imports():
         pytest.skip("torchvision does not import beside this environment's torch (the dev environment's small CPU "
                     "wheel): the vision example runs in the 'latest' environment")

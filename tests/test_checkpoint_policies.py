@@ -1,13 +1,13 @@
-"""`CheckpointCallback`'s policies (nbs/43_checkpoint.ipynb): the best checkpoints kept (`keep_best`); checkpoints on a
-clock (`every_minutes`); the disk's room checked before a save (nbs/01_files.ipynb). Real ranks under torchrun; the rank-side functions are the first in this file"""
-import time, hashlib
+"""`checkpoint` (nbs/43_checkpoint.ipynb), `CheckpointCallback`'s policies: the best checkpoints kept (`keep_best`);
+checkpoints on a clock (`every_minutes`); the weights written once with `SafeSaveModelCallback`. Real ranks under torchrun; the rank-side functions are the first in this file"""
+import os, time, hashlib
 from pathlib import Path
 import pytest, torch
-from fastai.basics import Callback, nn
+from fastai.basics import Callback
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.launch import torchrun_ranks
 from ddp_safe_fastai.testing import synth_learner
-from conftest import values, needs_mounts
+from conftest import values
 
 class SlowRank(Callback):
     "Rank `rank` trains each batch `delay` seconds slower than the others"
@@ -54,6 +54,29 @@ def best_kept(root):
     return dict(name=name, loaded=digest(learn.model), seen=seen, losses=losses,
                 checkpoints=sorted(p.name for p in (Path(root)/'models'/'ckpt').iterdir()))
 
+def best_and_checkpoints(root):
+    """5 epochs with `SafeSaveModelCallback` and `CheckpointCallback(keep=2)` writing at once, the validation loss down then
+    up from epoch 3 (the checkpoint sharing the best model's file rotated away before the reload); then 2 epochs in the
+    same folder, written in the background, each a new best: which checkpoint's `model.pth` is the best model's file"""
+    def files(ckpt):
+        models = ckpt.parent
+        return {p.name: dict(linked=os.path.samefile(p/'model.pth', models/'model.pth'), holds=digest_file(p/'model.pth'))
+                for p in sorted(ckpt.glob('epoch_*'))}
+    seen,runs = {},[]
+    for fname,epochs,up,bg in (('ckpt', 5, 3, False), ('again', 2, 99, True)):  # written at once, then in the background
+        learn = synth_learner(n=256, path=Path(root), seed=4)
+        with learn.distrib_ctx():
+            learn.fit(epochs, 0.05, cbs=[SafeSaveModelCallback(async_save=bg), CheckpointCallback(fname, keep=2, async_save=bg), UpFrom(up, seen)])
+        models = Path(root)/'models'
+        runs.append(dict(files=files(models/fname) if rank_distrib() == 0 else None, seen=dict(seen), reloaded=digest(learn.model),
+                         best=digest_file(models/'model.pth') if rank_distrib() == 0 else None,
+                         losses=[float(v[1]) for v in learn.recorder.values]))
+        seen.clear()
+    return runs
+
+def digest_file(f): return hashlib.sha1(b''.join(v.numpy().tobytes() for v in torch.load(f, weights_only=True).values())).hexdigest()
+
+
 def test_keep_best_survives_rotation(tmp_path):
     """The best 2 checkpoints by the validation loss are kept beside the newest across a resumed run, and the best loads
     on every rank, bit for bit the weights of its epoch"""
@@ -71,16 +94,6 @@ def test_keep_best_monitor_is_checked(tmp_path):
     with pytest.raises(ValueError, match=r"CheckpointCallback\(monitor='accuracy'\): the Recorder records \['train_loss', 'valid_loss'\]"):
         learn.fit(1, cbs=CheckpointCallback(monitor='accuracy', keep_best=1))
     assert not (tmp_path/'models').exists()
-
-def save_too_large(root):
-    "Every rank saves a model too large for the disk over a small one's file: what each raised, and what is left"
-    learn = synth_learner(path=Path(root)); learn.save('m')
-    small = learn.model.weight.detach().clone()
-    learn.model = nn.Linear(1024, 2048)  # 8 MiB of weights
-    try: learn.save('m', with_opt=False); error = None
-    except CheckpointError as e: error = str(e)
-    learn.model = nn.Linear(4, 1); learn.load('m', with_opt=False)
-    return dict(error=error, intact=torch.equal(learn.model.weight, small), files=sorted(p.name for p in (Path(root)/'models').iterdir()))
 
 @pytest.mark.parametrize('slow_rank', [0, 1])
 def test_every_minutes_same_batch_on_every_rank(tmp_path, slow_rank):
@@ -101,15 +114,20 @@ def test_every_minutes_is_checked():
     for bad in (0, -1, 'ten', float('nan'), float('inf')):
         with pytest.raises(ValueError, match=r"CheckpointCallback\(every_minutes="): CheckpointCallback(every_minutes=bad)
 
-
-@needs_mounts
-def test_save_too_large_for_the_disk(tmp_path):
-    "A guarded save that the disk (a 4 MiB tmpfs) has no room for: refused on every rank before it is written, naming the directory, the bytes free and needed"
-    mount = 'mount --make-rprivate / && mount -t tmpfs -o size=4m tmpfs "$0" && exec "$@"'
-    res = values(torchrun_ranks(save_too_large, str(tmp_path), nproc=2, timeout=120,
-                                node_prefix=lambda i: ['unshare', '-m', 'sh', '-c', mount, str(tmp_path)]))
-    assert res[0]['error'] == res[1]['error'] and res[0]['error'], res
-    assert f"could not write {tmp_path}/models/m.pth: not enough room on the disk of {tmp_path}/models: " in res[0]['error'], res
-    assert f"bytes free, {(1024*2048 + 2048)*4:,} needed; nothing was written" in res[0]['error'], res
-    assert all(r['intact'] and r['files'] == ['m.pth'] for r in res), res  # the previous file, and no temporary
-
+def test_weights_written_once(tmp_path):
+    """When `SafeSaveModelCallback` saves the best model and `CheckpointCallback` a checkpoint at one epoch's end, the
+    checkpoint's `model.pth` is the best model's file under a second name (the weights written once); a checkpoint of
+    other weights has its own; the best model's reload at the end of the fit still takes it as this run's file after
+    the checkpoint sharing it was rotated away; a rerun in the same folder does it again"""
+    (first,second),_ = values(torchrun_ranks(best_and_checkpoints, str(tmp_path), init=False, timeout=240))
+    # the first run: the best epoch is 2 (0-based), its checkpoint epoch_0003, rotated away by epoch_0005 (keep=2)
+    assert min(range(5), key=lambda e: first['losses'][e]) == 2, first['losses']
+    assert list(first['files']) == ['epoch_0004', 'epoch_0005'], first['files']
+    for name,f in first['files'].items():
+        e = int(name[-4:]) - 1
+        assert not f['linked'] and f['holds'] == first['seen'][e], (name, f)  # other weights than the best: written
+    assert first['best'] == first['seen'][2] == first['reloaded']  # the reload at the end took the best model, a name fewer
+    # the second: every epoch a new best, each checkpoint's weights the best model's file
+    assert second['files']['epoch_0002']['linked'] and second['files']['epoch_0002']['holds'] == second['seen'][1]
+    assert not second['files']['epoch_0001']['linked'] and second['files']['epoch_0001']['holds'] == second['seen'][0]
+    assert second['best'] == second['seen'][1] == second['reloaded']

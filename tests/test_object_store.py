@@ -1,6 +1,7 @@
-"""Checkpoints in object storage (nbs/41a_object_store.ipynb, nbs/43_checkpoint.ipynb): `CheckpointCallback` with an
-`s3://` URL against a real OpenStack Swift with its S3 API (tools/swift.sh), on 2 ranks under torchrun: uploads, a resume
-on a machine whose disk was wiped, the store's faults. The rank-side functions are the first in this file"""
+"""`object_store` (nbs/41a_object_store.ipynb, nbs/43_checkpoint.ipynb), checkpoints in object storage:
+`CheckpointCallback` with an `s3://` URL against a real OpenStack Swift with its S3 API (tools/swift.sh), on 2 ranks
+under torchrun: uploads, a resume on a machine whose disk was wiped, the store's faults. The rank-side functions are
+the first in this file"""
 import os, time, shutil, subprocess, sys
 from pathlib import Path
 import pytest, torch
@@ -48,7 +49,7 @@ def test_resume_from_the_bucket_on_a_wiped_disk(tmp_path, store):
     fs = store.fs()
     assert listed(fs, path) == ['epoch_0001', 'epoch_0002', 'latest']
     assert fs.cat_file(path+'/latest') == b'epoch_0002'
-    assert listed(fs, path+'/epoch_0002') == ['manifest.json', 'rng.pth', 'state.pth']
+    assert listed(fs, path+'/epoch_0002') == ['manifest.json', 'model.pth', 'rng.pth', 'state.pth']
     inspect = subprocess.run([sys.executable, '-m', 'ddp_safe_fastai.check', 'inspect', url], capture_output=True, text=True,
                              env={**os.environ, **store.env}, timeout=60)
     assert inspect.returncode == 0 and f"{url}: 2 checkpoint(s); latest names 'epoch_0002'" in inspect.stdout, inspect

@@ -84,15 +84,6 @@ def title_of(nb_path):
     lines = md.splitlines()
     return (lines[0][2:].strip() if lines else nb_path.stem), next((l[1:].strip() for l in lines if l.startswith('>')), '')
 
-def _in_definition_order(cells):
-    "Put each run of show_doc cells that `add_show_docs` inserted (last definition first) in definition order"
-    i = 0
-    while i < len(cells):
-        j = i
-        while j < len(cells) and getattr(cells[j], 'has_sd', False): j += 1
-        cells[i:j] = cells[i:j][::-1]
-        i = max(j, i+1)
-
 def run_notebook(nb_path):
     "Run `nb_path` with show_doc entries added; its page cells, or the traceback of the cell that raised"
     os.environ['IN_TEST'] = '1'
@@ -102,7 +93,6 @@ def run_notebook(nb_path):
     from nbdev.processors import add_show_docs
     nb = read_nb(nb_path)
     NBProcessor(nb=nb, procs=[add_show_docs]).process()
-    _in_definition_order(nb.cells)
     for c in nb.cells:
         if getattr(c, 'has_sd', False): c.source = 'from nbdev.showdoc import show_doc\n' + c.source
     shell,start = CaptureShell(nb_path),time.monotonic()

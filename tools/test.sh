@@ -33,7 +33,7 @@ echo "== dev: the site in headless Chromium: links, anchors and images resolve, 
 command -v "${CHROMIUM:-chromium}" || { apt-get update -qq && apt-get install -y -qq chromium; }  # CHROMIUM: another build (GitHub: google-chrome)
 .venv-dev/bin/python tools/browser_check.py
 echo "== dev: fastai 2.8.7 pinned: drop-in behaviour, the table of changes, the census of writers"
-(cd tests && ../.venv-dev/bin/python -m pytest "${pytest_args[@]}" test_dropin.py test_fastai_changes.py)
+(cd tests && ../.venv-dev/bin/python -m pytest "${pytest_args[@]}" test_learner_dropin.py test_changes.py)
 echo "== SLURM: a one-node cluster for the tests of srun and requeue (stopped and removed whatever the outcome)"
 slurm_dir=$(mktemp -d /tmp/ddp_safe_slurm.XXXXXX)
 tools/slurm.sh start "$slurm_dir"

@@ -1,4 +1,5 @@
-"What each rank does in the `untar_data` tests: every rank calls fastai's `untar_data` at the same moment"
+"""What each rank does in the tests of `writers`' `untar_data` (test_writers_untar.py): every rank calls fastai's
+`untar_data` at the same moment"""
 import hashlib
 from pathlib import Path
 import torch.distributed as dist

@@ -1,10 +1,11 @@
-"""A run killed at an epoch's end or inside an epoch resumes under `torchrun` on another number of ranks, one
-node or two, with dropout, augmentation and `fit_one_cycle`; on the same number, bit for bit"""
+"""`checkpoint` (nbs/43_checkpoint.ipynb), a resume on another world size: a run killed at an epoch's end or inside an
+epoch resumes under `torchrun` on another number of ranks, one node or two, with dropout, augmentation and
+`fit_one_cycle`; on the same number, bit for bit"""
 import json
 from collections import Counter
 from pathlib import Path
 import pytest
-import scenarios as s
+import checkpoint_world_size_scenarios as s
 from conftest import values
 from ddp_safe_fastai.launch import torchrun_ranks
 
@@ -47,6 +48,7 @@ def _kill_then_resume(root, before, after, where, n=96):
 @pytest.mark.parametrize('where', ['epoch', 'batch'])
 @pytest.mark.parametrize('before,after', [(2, 1), (2, 3), (3, 2), (1, 2)])
 def test_resume_on_another_world_size(tmp_path, before, after, where):
+    "Killed on `before` ranks at an epoch's end or inside an epoch, resumed on `after`: the same weights on every rank, the schedule to its end, the batches left to train; inside an epoch, each of its samples fed once"
     _kill_then_resume(tmp_path, before, after, where)
     trained = _resumed_batches(tmp_path)
     per_epoch = 96//8//after
@@ -58,6 +60,7 @@ def test_resume_on_another_world_size(tmp_path, before, after, where):
         assert interrupted_epoch(tmp_path, 1, EVERY[before]) == (0, 0)
 
 def test_same_world_size_stays_bitwise(tmp_path):
+    "Killed inside an epoch and resumed on the same 2 ranks: bitwise the uninterrupted run's weights and metrics"
     full = values(_run(tmp_path/'full', 2, 'full', every=3))
     res = _kill_then_resume(tmp_path/'cut', 2, 2, 'batch')
     assert res[0]['sha'] == full[0]['sha'] and res[0]['values'] == full[0]['values']

@@ -1,8 +1,9 @@
-"""Nodes: two torchrun agents on this machine, one rank each, each "node" with its own disk mounted at the same path in
-its own mount namespace; either on one address (a c10d rendezvous on 127.0.0.1), or as hosts that share neither a disk
-nor an address (each agent in a network namespace of its own, with its own address and host name)"""
+"""`core` on several nodes (nbs/00_core.ipynb; the nodes simulated by nbs/55_launch.ipynb): two torchrun agents on this
+machine, one rank each, each "node" with its own disk mounted at the same path in its own mount namespace; either on
+one address (a c10d rendezvous on 127.0.0.1), or as hosts that share neither a disk nor an address (each agent in a
+network namespace of its own, with its own address and host name)"""
 import pytest
-import scenarios as s, writer_scenarios as w
+import core_multinode_scenarios as s, text_scenarios as t
 from conftest import values, own_disks, needs_mounts, needs_netns
 from ddp_safe_fastai.launch import torchrun_ranks
 
@@ -23,6 +24,7 @@ def nodes(request, tmp_path):
 def _listing(disk, sub): return sorted(p.name for p in (disk/sub).iterdir()) if (disk/sub).exists() else []
 
 def test_one_copy_in_all_or_one_per_node(nodes):
+    "`scope='global'`: one copy, on rank 0's node, that node 1 loads through the process group; `scope='node'`: one copy per node, each node reading its own"
     run, disks = nodes
     res = run(s.node_save_load)
     assert res[0]['files'] == ['g.pth', 'n.pth']    # scope='global': one copy, on rank 0's node
@@ -35,6 +37,7 @@ one_address = pytest.mark.parametrize('nodes', ['one address'], indirect=True)  
 
 @one_address
 def test_without_sending_every_rank_names_the_node(nodes):
+    "With `DDP_SAFE_BROADCAST_FILES=0`, a global load that node 1 cannot read fails on every rank, naming the rank and node without the file"
     run, _ = nodes
     res = run(s.node_save_load, env={'DDP_SAFE_BROADCAST_FILES': '0'})
     for r in res.values():
@@ -50,6 +53,7 @@ def test_node_scope_on_a_shared_disk(tmp_path):
 @one_address
 @pytest.mark.parametrize('scope', ['global', 'node'])
 def test_resume_on_both_nodes(nodes, scope):
+    "Stopped after 2 epochs and run again: both nodes resume from epoch 2 with the same weights; checkpoints on rank 0's node alone (`global`) or on each (`node`)"
     run, disks = nodes
     assert all(r['resumed_from'] is None for r in run(s.node_resume, scope, 2, init=False).values())
     res = run(s.node_resume, scope, init=False)
@@ -65,9 +69,9 @@ hosts_apart = pytest.mark.parametrize('nodes', [pytest.param('hosts apart', mark
 def test_tokenizer_cache_once_per_node(nodes):
     "Each node's own copy of the texts is tokenized once, on its own disk; both nodes build one vocabulary"
     run, disks = nodes
-    for i,d in enumerate(disks): w.make_texts(d/'txt', reverse=bool(i))  # another order on each disk
+    for i,d in enumerate(disks): t.make_texts(d/'txt', reverse=bool(i))  # another order on each disk
     for trial in range(2):  # made once per node, then read from each node's cache
-        res = run(w.node_text_from_folder)
+        res = run(t.node_text_from_folder)
         assert res[0]['vocab'] == res[1]['vocab']
         assert [res[0]['tokenized'], res[1]['tokenized']] == ([1, 1] if trial == 0 else [0, 0]), res
     assert all((d/'txt_tok'/'counter.pkl').exists() for d in disks)

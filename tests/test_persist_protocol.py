@@ -1,10 +1,12 @@
-"Any order of saves and loads is correct: a fixed, seeded set of random programs on 2 and 3 real ranks"
+"""`persist` (nbs/02_persist.ipynb), the protocol: any order of saves and loads is correct: a fixed, seeded set of
+random programs on 2 and 3 real ranks"""
 import sys, random, pytest
 import protocol_model as pm
 from ddp_safe_fastai.launch import torchrun_ranks, free_port, RanksStalled
 
 @pytest.mark.parametrize('nproc,n,seed', [(2, 40, 12), (3, 20, 13)])
 def test_random_programs(tmp_path, nproc, n, seed):
+    "Seeded random programs of saves and loads on 2 and 3 ranks all end as the reference model says; a failing one is shrunk and shown"
     rng = random.Random(seed)
     programs = [pm.generate(rng, nproc) for _ in range(n)]
     failed = [(ops, m) for ops,m in zip(programs, pm.check(programs, nproc, tmp_path)) if m]
@@ -37,7 +39,7 @@ def test_killed_writer_holding_the_store(tmp_path, kill):
         assert got.endswith(f"that process ended or was killed; raised on rank {r}") and float(secs) < 10, (secs, got)
 
 def test_issue_cases(tmp_path):
-    "The cases of the issue: a save inside local_io, then by every rank; a save by rank 0 alone, then by every rank to a full disk"
+    "Programs written by hand: a save inside local_io, then by every rank; a save by rank 0 alone, then by every rank to a full disk"
     progs = [[('save', 'a', 'local', (0, 0)), ('save', 'a', 'all', (0, 0))],
              [('save', 'a', 'main', (0, 0)), ('save_full', 'a', 'all', (0, 0))],
              [('save', 'a', 'main', (0, .1)), ('save_full', 'a', 'all', (0, 0)), ('load', 'a', 'all', (0, 0))],

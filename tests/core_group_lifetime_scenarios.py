@@ -1,5 +1,6 @@
-"""What each rank does in the tests of saves and loads made where there is no process group: before one exists (a
-launcher started the ranks, nobody made a group yet), and after fastai or the user ended it"""
+"""What each rank does in the tests of `core` (test_core_group_lifetime.py): saves and loads made where there is no
+process group: before one exists (a launcher started the ranks, nobody made a group yet), and after fastai or the
+user ended it"""
 import time, hashlib
 from pathlib import Path
 import torch, torch.distributed as dist

@@ -1,4 +1,5 @@
-"A run that survives its cluster: SIGTERM to torchrun, SIGUSR1 to one rank, a worker killed under --max-restarts"
+"""`checkpoint` and `signals` (nbs/43_checkpoint.ipynb, nbs/42_signals.ipynb), preemption: a run that survives its cluster:
+SIGTERM to torchrun, SIGUSR1 to one rank, an exception on one rank or all, a worker killed under --max-restarts"""
 import os, sys, json, time, signal, subprocess
 from pathlib import Path
 import pytest
@@ -47,6 +48,7 @@ def _started(root):
 
 @pytest.mark.parametrize('delay', [0.1, 0.7])
 def test_sigterm_to_torchrun_stops_and_resumes(uninterrupted, tmp_path, delay):
+    "SIGTERM to torchrun 0.1 s or 0.7 s after the first checkpoint: every rank stops after one agreed batch within 10 s, checkpoints it and exits 75; run again, it resumes to the uninterrupted weights"
     root = tmp_path/'run'
     p = torchrun(root)
     when(_started(root)); time.sleep(delay)

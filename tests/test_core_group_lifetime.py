@@ -1,10 +1,10 @@
-"""Saves and loads where there is no process group: before any exists (a launcher started the ranks, nobody made one
-yet) and after fastai's notebook flow or the user ended it. Every rank must end with rank 0's weights, and a rerun in
-the same folder must never load the previous run's files"""
+"""`core` (nbs/00_core.ipynb), the process group's lifetime: saves and loads where there is no process group: before any
+exists (a launcher started the ranks, nobody made one yet) and after fastai's notebook flow or the user ended it.
+Every rank must end with rank 0's weights, and a rerun in the same folder must never load the previous run's files"""
 import sys, json, subprocess
 from pathlib import Path
 import pytest
-import group_lifetime as g, fastai_examples as fe
+import core_group_lifetime_scenarios as g, fastai_examples as fe
 from conftest import values, accelerate_cmd, torchvision_imports
 from ddp_safe_fastai.launch import torchrun_ranks, spawn_ranks, free_port, kill_tree
 

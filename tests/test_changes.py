@@ -1,5 +1,6 @@
-"The tables of what the library changes in fastai and in its process, fastai's originals pinned, and a census of fastai's writers kept true"
-import os, re, json, hashlib, inspect, importlib
+"""`changes` (nbs/95_changes.ipynb): the tables of what the library changes in fastai and in its process, fastai's originals
+pinned, and a census of fastai's writers kept true; importing the library changes no fastai default and shadows no name"""
+import os, re, sys, json, hashlib, inspect, importlib, subprocess
 from pathlib import Path
 import pytest
 import fastai
@@ -23,6 +24,7 @@ def test_fastai_original_pinned(change):
         "read fastai's new version, carry what changed into the library's, then add its hash to tests/fastai_originals.json")
 
 def test_no_unlisted_change():
+    "Every fastai attribute the library replaces or adds, with fastai's applications imported, is listed in `fastai_changes`"
     for m in ('fastai.text.all', 'fastai.tabular.all', 'fastai.collab'): importlib.import_module(m)  # what users import
     assert unlisted_changes() == []
 
@@ -93,5 +95,32 @@ def test_census_tests_exist():
         assert (here/file).exists() and (not name or re.search(rf"^def {name}\(", (here/file).read_text(), re.M)), w
 
 def test_readme_has_the_census():
+    "The README holds the census of fastai's writers as `census_table()` makes it"
     from ddp_safe_fastai.changes import census_table
     assert census_table() in (Path(__file__).parent.parent/'README.md').read_text()
+
+CHECK_DEFAULTS = '''
+import fastai.basics
+from fastai.learner import defaults
+before = list(defaults.callbacks)
+import ddp_safe_fastai.all
+assert defaults.callbacks == before, defaults.callbacks
+import fastai.callback.tracker, fastai.distributed  # what a script imports itself adds fastai's callback, as always
+from fastai.callback.progress import ProgressCallback
+assert defaults.callbacks == before + [ProgressCallback] and fastai.distributed.ProgressCallback is ProgressCallback
+'''
+
+def test_import_changes_no_fastai_default():
+    "Importing `ddp_safe_fastai.all` leaves fastai's default callbacks as they were; fastai's own imports still add theirs"
+    subprocess.run([sys.executable, '-c', CHECK_DEFAULTS], check=True)
+
+CHECK_NAMES = '''
+import fastcore.all, fastai.basics, fastai.callback.all, fastai.distributed, ddp_safe_fastai.all as lib
+theirs = {**vars(fastcore.all), **vars(fastai.basics), **vars(fastai.callback.all), **vars(fastai.distributed)}
+clash = [n for n in lib.__all__ if n in theirs and theirs[n] is not getattr(lib, n)]
+assert not clash, f"these names mean something else in fastai/fastcore: {clash}"
+'''
+
+def test_no_name_shadows_fastai_or_fastcore():
+    "Each exported name that fastai or fastcore also has is the same object there (fastai's own, made DDP-aware)"
+    subprocess.run([sys.executable, '-c', CHECK_NAMES], check=True)

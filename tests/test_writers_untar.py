@@ -1,9 +1,10 @@
-"""fastai's `untar_data` called by every rank at once (fastdownload holds a file lock on `<archive>.lock` around
-"extracted? else download and extract"): one download, one whole tree, the same path on every rank"""
+"""`writers` (nbs/31_writers.ipynb), `untar_data`: fastai's `untar_data` called by every rank at once (fastdownload
+holds a file lock on `<archive>.lock` around "extracted? else download and extract"): one download, one whole tree,
+the same path on every rank"""
 import random, tarfile, importlib, pytest
 from pathlib import Path
 import fastai.data
-import untar_scenarios as s
+import writers_untar_scenarios as s
 from conftest import values
 from ddp_safe_fastai.launch import torchrun_ranks, spawn_ranks
 
@@ -42,15 +43,18 @@ def _env(tmp_path):
     return {'FASTAI_HOME': str(tmp_path/'fastai_home'), 'TMPDIR': str(tmp_path/'tmp')}
 
 def test_torchrun(archive, tmp_path):
+    "`untar_data` on 2 ranks under torchrun"
     res = values(torchrun_ranks(s.untar_on_every_rank, archive[0], *_dirs(tmp_path), nproc=2, timeout=180, env=_env(tmp_path)))
     check(res, archive, tmp_path, tmp_path)
 
 def test_two_nodes_sharing_a_disk(archive, tmp_path):
+    "`untar_data` on two torchrun agents (nodes) sharing a disk"
     res = values(torchrun_ranks(s.untar_on_every_rank, archive[0], *_dirs(tmp_path), nproc=1, nnodes=2, timeout=180,
                                 env=_env(tmp_path)))
     check(res, archive, tmp_path, tmp_path)
 
 def test_spawn(archive, tmp_path):
+    "`untar_data` on 2 ranks under `mp.spawn`"
     res = values(spawn_ranks(s.untar_on_every_rank, archive[0], *_dirs(tmp_path), nproc=2, timeout=180, env=_env(tmp_path)))
     check(res, archive, tmp_path, tmp_path)
 

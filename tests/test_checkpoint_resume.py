@@ -1,8 +1,9 @@
-"A DDP run killed with SIGKILL on every rank resumes, with the same command, to bitwise the same weights"
+"""`checkpoint` (nbs/43_checkpoint.ipynb), resume: a DDP run killed with SIGKILL on every rank resumes, with the same
+command, to bitwise the same weights"""
 import sys, time, random
 from pathlib import Path
 import pytest
-import scenarios as s
+import checkpoint_resume_scenarios as s
 from conftest import values
 from ddp_safe_fastai.launch import torchrun_ranks
 from ddp_safe_fastai.checkpoint import latest_complete, is_complete
@@ -33,6 +34,7 @@ def _during_third_write(root):
 
 @pytest.mark.parametrize('trial', range(3))
 def test_killed_at_random_resumes_bitwise(uninterrupted, tmp_path, trial):
+    "Every rank SIGKILLed at a random moment after the second checkpoint: run again, it resumes from a complete checkpoint to bitwise the uninterrupted weights"
     random.seed(trial)
     # two epochs remain after the second checkpoint: a kill within 1.8 epochs of it lands before the end
     assert _run(tmp_path, _after_second_checkpoint(tmp_path, random.uniform(0, 1.8))) is None  # killed
@@ -42,6 +44,7 @@ def test_killed_at_random_resumes_bitwise(uninterrupted, tmp_path, trial):
     assert res[0]['sha'] == res[1]['sha'] == uninterrupted
 
 def test_killed_during_checkpoint_write_resumes_bitwise(uninterrupted, tmp_path):
+    "Every rank SIGKILLed while the third checkpoint is written: that checkpoint is incomplete and never used; the resume from the second ends bitwise the same"
     assert _run(tmp_path, _during_third_write(tmp_path)) is None
     assert not is_complete(tmp_path/'models/ckpt/epoch_0003')  # the kill did land inside the write
     res = values(_run(tmp_path))
@@ -50,7 +53,7 @@ def test_killed_during_checkpoint_write_resumes_bitwise(uninterrupted, tmp_path)
 
 @pytest.mark.parametrize('cbset', ['trackers', 'two_fits'])
 def test_resume_matrix(cbset):
-    "Issue 11: one random SIGKILL of a set of `benchmarks/resume_matrix.py` (dropout, random augmentation), resumed: identical"
+    "One random SIGKILL of a set of `benchmarks/resume_matrix.py` (dropout, random augmentation), resumed: identical"
     sys.path.insert(0, str(Path(__file__).parent.parent/'benchmarks'))
     import resume_matrix
     assert resume_matrix.main(['--trials', '1', '--set', cbset, '--seed', '1']) == 0
@@ -61,7 +64,7 @@ def _within_epoch(root, name):
 
 @pytest.mark.parametrize('at', ['epoch_0001_iter_000006', 'epoch_0002_iter_000003'])
 def test_killed_within_an_epoch_resumes_at_its_next_batch(tmp_path, at):
-    "Issue 14: checkpoints every 3 batches; every process killed once one inside an epoch is complete: bitwise the same"
+    "Checkpoints every 3 batches; every process killed once one inside an epoch is complete: bitwise the same"
     full = values(torchrun_ranks(s.resume_within_epoch, str(tmp_path/'full'), init=False, timeout=300))
     assert full[0]['sha'] == full[1]['sha'] and full[0]['resumed_from'] is None
     assert torchrun_ranks(s.resume_within_epoch, str(tmp_path/'cut'), init=False, timeout=300,

@@ -1,11 +1,13 @@
-"Asynchronous saves keep every guarantee of the synchronous ones"
-import scenarios as s
+"`persist` (nbs/02_persist.ipynb), background saves: asynchronous saves keep every guarantee of the synchronous ones"
+import persist_async_scenarios as s
 from conftest import values, needs_mounts
 
 def test_async_save_then_load_is_fresh(launch, tmp_path):
+    "`save(async_save=True)` with rank 0 1 s late, then a load at once: every rank gets the new weights"
     assert values(launch(s.async_fresh, str(tmp_path))) == [2., 2.]
 
 def test_async_write_failure_reaches_every_rank(launch, tmp_path):
+    "Background writes fail half-way on rank 0: every rank raises at the next save of that file, or at `flush_saves` for another; the previous checkpoint survives, no temporary is left"
     for r in values(launch(s.async_write_failure, str(tmp_path))):
         assert r['error'] and r['error'].startswith('could not write') and 'm.pth' in r['error'], r
         assert r['flushed'] and r['flushed'].startswith('could not write') and 'other.pth' in r['flushed'], r

@@ -1,0 +1,38 @@
+"""What each rank does in the tests of `checkpoint`'s resume (test_checkpoint_resume.py): one-cycle fits with
+`CheckpointCallback` that resume from the latest checkpoint if there is one; `Noise` serves the world-size tests too"""
+import importlib
+from pathlib import Path
+import torch
+from fastai.basics import Callback
+from ddp_safe_fastai.all import *
+from ddp_safe_fastai.testing import synth_learner
+
+def resume_fit(root, epochs=4, hidden=1500):
+    "`epochs` epochs of one-cycle training in `distrib_ctx` with `CheckpointCallback`: resumes if a checkpoint exists"
+    import hashlib; importlib.import_module('fastai.callback.schedule')  # Learner.fit_one_cycle
+    learn = synth_learner(path=Path(root), seed=1)
+    torch.manual_seed(1)
+    nn = torch.nn  # ~27 MB of model and Adam state: a checkpoint write takes long enough to be killed in
+    learn.model = nn.Sequential(nn.Linear(4, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+    ckpt = CheckpointCallback()
+    with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 0.01, cbs=[SafeSaveModelCallback(), ckpt])
+    h = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
+    return dict(sha=h, resumed_from=ckpt.resumed_from, epochs=len(learn.recorder.values))
+
+class Noise(Callback):
+    "Random augmentation: noise on every training batch, from this rank's torch RNG"
+    def before_batch(self):
+        if self.training: self.learn.xb = (self.xb[0] + 0.1*torch.randn_like(self.xb[0]),)
+
+def resume_within_epoch(root, every_iters=3):
+    "Dropout, noise, one-cycle; a checkpoint every `every_iters` batches too: resumes if a checkpoint exists"
+    import hashlib; importlib.import_module('fastai.callback.schedule')  # Learner.fit_one_cycle
+    learn = synth_learner(n=256, path=Path(root), seed=2)
+    nn = torch.nn
+    learn.model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
+    ckpt = CheckpointCallback(every_iters=every_iters)
+    with learn.distrib_ctx(): learn.fit_one_cycle(3, 0.02, cbs=[ckpt, Noise()])
+    h = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
+    rec = learn.recorder
+    return dict(sha=h, resumed_from=ckpt.resumed_from, losses=[float(l) for l in rec.losses], lrs=list(map(float, rec.lrs)),
+                values=[list(map(float, v)) for v in rec.values])

@@ -1,0 +1,58 @@
+"""`files` (nbs/01_files.ipynb): a file written by `atomic_torch_save` is whole whenever its writer is killed (a plain
+`torch.save` is not); a save the disk has no room for is refused on every rank before it is written"""
+import sys, time, signal, random, subprocess, textwrap
+import torch
+import files_scenarios as s
+from conftest import values, needs_mounts
+from ddp_safe_fastai.files import atomic_torch_save
+from ddp_safe_fastai.launch import torchrun_ranks
+
+_writer = textwrap.dedent('''
+    import sys, torch
+    from ddp_safe_fastai.files import atomic_torch_save
+    f, n = sys.argv[1], int(sys.argv[2])
+    save = atomic_torch_save if sys.argv[3] == 'atomic' else (lambda o, f: torch.save(o, f))
+    print('ready', flush=True)
+    for v in range(1, 10**6): save({'v': v, 'w': torch.full((n,), float(v))}, f)
+''')
+
+def _crash_trials(tmp_path, mode, trials, n=25_000_000):
+    "Kill a writer with SIGKILL at random moments while it rewrites a ~100 MB file; count files that are not whole"
+    f = tmp_path/'ckpt.pth'
+    atomic_torch_save({'v': 0, 'w': torch.zeros(n)}, f)
+    bad = 0
+    for i in range(trials):
+        p = subprocess.Popen([sys.executable, '-c', _writer, str(f), str(n), mode], stdout=subprocess.PIPE)
+        p.stdout.readline()
+        time.sleep(random.uniform(0, 1.5))
+        p.send_signal(signal.SIGKILL); p.wait()
+        try:
+            o = torch.load(f)
+            if not torch.equal(o['w'], torch.full((n,), float(o['v']))): bad += 1
+        except Exception: bad += 1
+    return bad
+
+def test_atomic_save_survives_sigkill(tmp_path):
+    "A writer SIGKILLed at random moments while `atomic_torch_save` rewrites a ~100 MB file: the file is whole every time; the next save leaves no temporary"
+    random.seed(0)
+    assert _crash_trials(tmp_path, 'atomic', 20) == 0
+    atomic_torch_save({'v': -1}, tmp_path/'ckpt.pth')  # the next successful save
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['ckpt.pth']
+
+def test_plain_torch_save_does_not(tmp_path):
+    "The same kills on a plain in-place `torch.save`, for contrast"
+    random.seed(0)
+    bad = _crash_trials(tmp_path, 'plain', 10)
+    print(f"plain torch.save: {bad} of 10 files not whole after SIGKILL")
+    assert bad > 0
+
+@needs_mounts
+def test_save_too_large_for_the_disk(tmp_path):
+    "A guarded save that the disk (a 4 MiB tmpfs) has no room for: refused on every rank before it is written, naming the directory, the bytes free and needed"
+    mount = 'mount --make-rprivate / && mount -t tmpfs -o size=4m tmpfs "$0" && exec "$@"'
+    res = values(torchrun_ranks(s.save_too_large, str(tmp_path), nproc=2, timeout=120,
+                                node_prefix=lambda i: ['unshare', '-m', 'sh', '-c', mount, str(tmp_path)]))
+    assert res[0]['error'] == res[1]['error'] and res[0]['error'], res
+    assert f"could not write {tmp_path}/models/m.pth: not enough room on the disk of {tmp_path}/models: " in res[0]['error'], res
+    assert f"bytes free, {(1024*2048 + 2048)*4:,} needed; nothing was written" in res[0]['error'], res
+    assert all(r['intact'] and r['files'] == ['m.pth'] for r in res), res  # the previous file, and no temporary
