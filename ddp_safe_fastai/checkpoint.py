@@ -77,10 +77,10 @@ def _commit_and_upload(cd, upload, name, files, info, keep, latest_tmp):
     if upload: upload(cd.root/name, also=keep)
 
 # %% ../nbs/43_checkpoint.ipynb #d800a16e
-def _read_state(ckpt, manifest, what, scope='global'):
+def _read_state(ckpt, manifest, what, scope='global', map_location='cpu'):
     "The training state of checkpoint `ckpt`, read on every rank: `state.pth` and, from format 3, `model.pth`"
-    weights = load_state(ckpt/'model.pth', 'cpu', what=what, scope=scope) if 'model.pth' in manifest['files'] else None
-    return upgrade_state(load_state(ckpt/'state.pth', 'cpu', what=what, scope=scope), manifest, weights)
+    read = lambda f: load_state(ckpt/f, map_location, what=what, scope=scope)
+    return upgrade_state(read('state.pth'), manifest, read('model.pth') if 'model.pth' in manifest['files'] else None)
 
 # %% ../nbs/43_checkpoint.ipynb #698105d8
 def _stopped_early(learn):
@@ -328,6 +328,6 @@ def load_checkpoint(self:Learner,
     found = (next((c for c in cd.best(None) if is_complete(c)), None) if best else cd.latest()) if rank_distrib() == 0 else None
     name,manifest = broadcast_object((found.name, read_manifest(found)) if found else (None, None), what=f"load_checkpoint {cd.root}")
     if name is None: raise CheckpointNotFoundError(f"load_checkpoint: no complete checkpoint{' with a monitored metric' if best else ''} in {cd.root}")
-    state = _read_state(cd.root/name, manifest, 'load_checkpoint')
+    state = _read_state(cd.root/name, manifest, 'load_checkpoint', map_location=rank_device())
     apply_model_state(state['model'], self.model, self.opt, with_opt=with_opt)
     return name

@@ -11,7 +11,7 @@ from fastcore.basics import *
 from . import __version__
 from .core import *
 from .files import *
-from .persist import replaced_since_written, link_written, remove_tree
+from .persist import replaced_since_written, link_written, unlink_written, remove_tree, is_torch_zip
 from .train_state import FORMAT
 
 # %% auto #0
@@ -258,10 +258,12 @@ class CheckpointDir:
 
     def linked(self, src, obj, dst):
         "Is `dst` now a second name of `src`, a file this process wrote that holds `obj`? Else nothing is left at `dst`"
-        if not link_written(src, dst): return False
-        if holds(dst, obj): return True
-        os.unlink(dst)
-        return False
+        if not (is_torch_zip(src) and link_written(src, dst)): return False
+        if not holds(dst, obj):  # compared once linked: what is compared is what the checkpoint holds
+            unlink_written(dst, src)
+            return False
+        if self.durable: flush_to_disk(dst)  # a file written without `durable`: on the disk before the manifest says it is
+        return True
 
     def fresh_dir(self, name):
         "The empty directory `name`: one that a killed run left incomplete goes first"

@@ -13,8 +13,8 @@ try: import fcntl
 except ImportError: fcntl = None  # Windows: no file locks
 
 # %% auto #0
-__all__ = ['flush_to_disk', 'wait_for_closes', 'writer_of', 'state_bytes', 'check_room', 'atomic_write', 'atomic_torch_save',
-           'holds', 'is_url', 'local_copy_name']
+__all__ = ['flush_to_disk', 'wait_for_closes', 'writer_of', 'write_token', 'state_bytes', 'check_room', 'atomic_write',
+           'atomic_torch_save', 'holds', 'is_url', 'local_copy_name']
 
 # %% ../nbs/01_files.ipynb #a43091df
 def flush_to_disk(path, directory=False, strict=False):
@@ -111,17 +111,24 @@ def _remove_stale_tmps(file):
         finally: os.close(fd)
 
 # %% ../nbs/01_files.ipynb #0df75eab
-_writer_attr = 'user.ddp_safe_fastai.writer'
+_writer_attr,_write_attr = 'user.ddp_safe_fastai.writer','user.ddp_safe_fastai.write'  # who wrote it; which write
 
 def _tag_writer(path):
     "Say in `path`'s extended attributes which process wrote it (where the file system keeps them)"
     desc = f"host {socket.gethostname()}, pid {os.getpid()}, {' '.join(sys.argv)[:200] or 'python'}, at {time.strftime('%Y-%m-%d %H:%M:%S')}"
-    with suppress(OSError, AttributeError): os.setxattr(path, _writer_attr, desc.encode())
+    with suppress(OSError, AttributeError):
+        os.setxattr(path, _writer_attr, desc.encode())
+        os.setxattr(path, _write_attr, secrets.token_hex(8).encode())  # this write's own: see `write_token`
 
 # %% ../nbs/01_files.ipynb #b5cc904b
 def writer_of(file):
     "Which process wrote `file`, as this library's atomic writes record it; None if unknown"
     with suppress(OSError, AttributeError): return os.getxattr(file, _writer_attr).decode()
+
+# %% ../nbs/01_files.ipynb #8fe96781
+def write_token(file):
+    "The token the atomic write that made `file` left in it; None where the file system keeps no extended attributes"
+    with suppress(OSError, AttributeError): return os.getxattr(file, _write_attr).decode()
 
 # %% ../nbs/01_files.ipynb #a59e2e6a
 def state_bytes(obj):
@@ -205,9 +212,10 @@ def atomic_torch_save(obj, file, durable=True, **torch_save_kwargs):
 
 # %% ../nbs/01_files.ipynb #e35d36fc
 def _alike(saved, obj):
-    "Is `saved`, as `torch.load` read it, what `torch.save(obj)` wrote: the same keys, values, and tensors equal in dtype, shape and every element?"
-    if isinstance(obj, torch.Tensor):
-        return isinstance(saved, torch.Tensor) and (saved.dtype, saved.shape) == (obj.dtype, obj.shape) and torch.equal(saved, obj.detach().cpu())
+    "Is `saved`, as `torch.load` read it, what `torch.save(obj)` wrote: the same keys, values, and tensors of the same dtype, shape and bits?"
+    if isinstance(obj, torch.Tensor):  # bit for bit: -0.0 is not 0.0, and a NaN is itself
+        bits = lambda t: t.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        return isinstance(saved, torch.Tensor) and (saved.dtype, saved.shape) == (obj.dtype, obj.shape) and torch.equal(bits(saved), bits(obj))
     if isinstance(obj, dict): return isinstance(saved, dict) and list(saved) == list(obj) and all(_alike(saved[k], obj[k]) for k in obj)
     if isinstance(obj, (list, tuple)): return isinstance(saved, (list, tuple)) and len(saved) == len(obj) and all(map(_alike, saved, obj))
     return type(saved) is type(obj) and saved == obj
@@ -215,10 +223,9 @@ def _alike(saved, obj):
 # %% ../nbs/01_files.ipynb #89d7a7c8
 def holds(file, # a file `torch.save` wrote
           obj): # a state: tensors in dicts, lists and tuples
-    "Does `file` hold `obj`, every tensor equal? False for anything else, a file that cannot be read included"
-    try: saved = torch.load(file, map_location='cpu', mmap=True, weights_only=True)  # mapped: the bytes are compared, not copied
-    except Exception: return False
-    return _alike(saved, obj)
+    "Does `file` hold `obj`, every tensor bit for bit? False for anything else, a file that cannot be read included"
+    try: return _alike(torch.load(file, map_location='cpu', mmap=True, weights_only=True), obj)  # mapped: compared, not copied
+    except Exception: return False  # not a torch file, or values that cannot be compared (a numpy array...)
 
 # %% ../nbs/01_files.ipynb #c4a1e0f3
 def is_url(fname):

@@ -21,8 +21,8 @@ from .files import *
 __all__ = ['save_matching', 'background_saves', 'call_site', 'SaveMatching', 'tensors_in', 'SaveHandle', 'BackgroundSaves',
            'host_copy', 'wait_for_copies', 'stage_for_save', 'replaced_since_written', 'flush_saves',
            'check_not_replaced', 'save_on_main', 'split_kwargs', 'save_state', 'last_written', 'link_written',
-           'remove_tree', 'prepare_dir', 'dir_is_shared', 'once_per_disk', 'read_on_all', 'is_torch_zip',
-           'fastai_torch_load', 'load_state']
+           'remove_tree', 'unlink_written', 'prepare_dir', 'dir_is_shared', 'once_per_disk', 'read_on_all',
+           'is_torch_zip', 'fastai_torch_load', 'load_state']
 
 # %% ../nbs/02_persist.ipynb #a6f5bf2d
 def _save_prefix(scope):
@@ -310,13 +310,15 @@ def stage_for_save(obj, # the state the next background save writes
 
 # %% ../nbs/02_persist.ipynb #cacc73f3
 _written = {}  # on a writer: file -> the identity of the file this process last wrote there
+_written_lock = threading.Lock()  # the writer thread records a write while a commit in another may add or remove names
 
 def _identity(file):
-    "What tells one version of `file` from another: every atomic write makes a new file, with its own times"
-    # the inode alone is not enough: a file made after ours was replaced may get our file's freed inode number
+    "What tells one version of `file` from another: every atomic write makes a new file, with its own times and token"
+    # the inode alone is not enough: a file made after ours was replaced may get our file's freed inode number. The
+    # write's token (`files.write_token`) stays when a name is added or removed; without one, the ctime, which does not
     with suppress(OSError):
         st = os.stat(file)
-        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+        return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, write_token(file) or st.st_ctime_ns)
 
 # %% ../nbs/02_persist.ipynb #487af2a8
 def replaced_since_written(file):
@@ -336,7 +338,8 @@ def _write_and_publish(file, write, durable, key, copies=(), needed=None):
         for c in copies: c.result()
         atomic_write(file, write, durable, needed); failure = None
     except CheckpointError as e: failure = str(e)
-    else: _written.pop(file, None); _written[file] = _identity(file)  # in the order of the writes: `last_written`
+    else:
+        with _written_lock: _written.pop(file, None); _written[file] = _identity(file)  # in the order of the writes: `last_written`
     finally:
         if key: group_store().set(key, pickle.dumps(failure))
     return failure
@@ -429,31 +432,45 @@ def save_state(obj, # what `torch.save` writes
 # %% ../nbs/02_persist.ipynb #32859234
 def last_written():
     "The file that this process's writes put in place last, or None: where a save at the same point of the fit may find its tensors"
-    return next(reversed(_written), None)
+    with _written_lock: return next(reversed(_written), None)
 
 # %% ../nbs/02_persist.ipynb #227f215c
 def link_written(file, # a file this process wrote
                  link): # a new name for it, on the same disk
     "Give `file`, as this process last wrote it, the name `link` too; False if another file is there now or no link can be made"
     file = Path(file).absolute()
-    if file not in _written or replaced_since_written(file): return False
-    try: os.link(file, link)
-    except OSError: return False  # another disk, a file system without hard links, or `link` taken
-    now = _identity(link)
-    if now is None or now[:4] != _written[file][:4]:  # replaced between the check and the link: not ours
-        with suppress(OSError): os.unlink(link)
-        return False
-    _written[file] = now  # the new name changed its ctime
-    return True
+    with _written_lock:
+        if file not in _written or replaced_since_written(file): return False
+        try: os.link(file, link)
+        except OSError: return False  # another disk, a file system without hard links, or `link` taken
+        now = _identity(link)
+        if now is None or now[:4] != _written[file][:4]:  # replaced between the check and the link: not ours
+            with suppress(OSError): os.unlink(link)
+            return False
+        _written[file] = now  # without a write token, the new name changed its identity (its ctime)
+        return True
+
+# %% ../nbs/02_persist.ipynb #a90bc73b
+def _renamed(file):
+    "Note again the identity of `file`, a file this process wrote that lost or gained a name (with `_written_lock` held)"
+    now = _identity(file)
+    if now is not None and now[:4] == _written[file][:4]: _written[file] = now  # the same file: only its ctime moved
 
 # %% ../nbs/02_persist.ipynb #09c263c4
 def remove_tree(path):
     "Remove the directory `path` (as `shutil.rmtree(path, ignore_errors=True)`); the files this process wrote that had a second name in it stay its own"
-    ours = [f for f in _written if not replaced_since_written(f)]
-    shutil.rmtree(path, ignore_errors=True)
-    for f in ours:
-        now = _identity(f)
-        if now is not None and now[:4] == _written[f][:4]: _written[f] = now  # the same file, a name fewer: a new ctime
+    with _written_lock:
+        ours = [f for f in _written if not replaced_since_written(f)]
+        shutil.rmtree(path, ignore_errors=True)
+        for f in ours: _renamed(f)
+
+# %% ../nbs/02_persist.ipynb #2ffda605
+def unlink_written(link, # the name `link_written` added
+                   file): # the file this process wrote
+    "Remove the second name `link` of `file`: `file` stays known as this process's"
+    with _written_lock:
+        os.unlink(link)
+        _renamed(Path(file).absolute())
 
 # %% ../nbs/02_persist.ipynb #4faccbe3
 def _truncated(file):

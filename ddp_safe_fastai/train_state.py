@@ -236,7 +236,7 @@ def upgrade_state(state, # a training state, as `torch.load` read `state.pth`
     if state.get('format', 1) == 1: # 0.1.0 counted an interrupted epoch's batches on the world size of the manifest
         done = [(manifest.get('world_size', 1), state['iter'])] if state['iter'] else []
         state = {**state, 'format': 2, 'done': done}
-    if weights is not None: state = {**state, 'model': {'model': weights, **state['model']}}  # format 3: the weights apart
+    if weights is not None: state = {**state, 'model': {'model': weights, **state['model']} if state['model'] else weights}  # format 3: the weights apart
     return state
 
 # %% ../nbs/40_train_state.ipynb #5978c9f2

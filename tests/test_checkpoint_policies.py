@@ -1,6 +1,6 @@
 """`checkpoint` (nbs/43_checkpoint.ipynb), `CheckpointCallback`'s policies: the best checkpoints kept (`keep_best`);
 checkpoints on a clock (`every_minutes`); the weights written once with `SafeSaveModelCallback`. Real ranks under torchrun; the rank-side functions are the first in this file"""
-import os, time, hashlib
+import os, time, shutil, hashlib
 from pathlib import Path
 import pytest, torch
 from fastai.basics import Callback
@@ -54,27 +54,40 @@ def best_kept(root):
     return dict(name=name, loaded=digest(learn.model), seen=seen, losses=losses,
                 checkpoints=sorted(p.name for p in (Path(root)/'models'/'ckpt').iterdir()))
 
+class RemovedByHand(Callback):
+    "At the end of the fit, before the best model's reload: the user deletes the newest checkpoint of `fname` by hand"
+    order = SafeSaveModelCallback.order - 1
+    def __init__(self, fname): self.fname = fname
+    def after_fit(self):
+        flush_saves()
+        if rank_distrib() == 0: shutil.rmtree(sorted((Path(self.learn.path)/'models'/self.fname).glob('epoch_*'))[-1])
+
 def best_and_checkpoints(root):
-    """5 epochs with `SafeSaveModelCallback` and `CheckpointCallback(keep=2)` writing at once, the validation loss down then
-    up from epoch 3 (the checkpoint sharing the best model's file rotated away before the reload); then 2 epochs in the
-    same folder, written in the background, each a new best: which checkpoint's `model.pth` is the best model's file"""
+    """Fits with `SafeSaveModelCallback` and `CheckpointCallback(keep=2)` in one folder: 5 epochs written at once, the
+    validation loss down then up from epoch 3 (the checkpoint sharing the best model's file rotated away before the
+    reload); then fits of 2 epochs, each a new best, written in the background: plain, with the optimizer's state in
+    the best model's file (`with_opt`), and with the newest checkpoint deleted by hand before the reload. For each:
+    which checkpoint's `model.pth` is the best model's file, and what the reload took"""
     def files(ckpt):
         models = ckpt.parent
         return {p.name: dict(linked=os.path.samefile(p/'model.pth', models/'model.pth'), holds=digest_file(p/'model.pth'))
                 for p in sorted(ckpt.glob('epoch_*'))}
     seen,runs = {},[]
-    for fname,epochs,up,bg in (('ckpt', 5, 3, False), ('again', 2, 99, True)):  # written at once, then in the background
+    for fname,epochs,up,bg,with_opt in (('ckpt', 5, 3, False, False), ('again', 2, 99, True, False), ('opt', 2, 99, True, True),
+                                        ('byhand', 2, 99, True, False)):
         learn = synth_learner(n=256, path=Path(root), seed=4)
-        with learn.distrib_ctx():
-            learn.fit(epochs, 0.05, cbs=[SafeSaveModelCallback(async_save=bg), CheckpointCallback(fname, keep=2, async_save=bg), UpFrom(up, seen)])
+        cbs = [SafeSaveModelCallback(async_save=bg, with_opt=with_opt), CheckpointCallback(fname, keep=2, async_save=bg), UpFrom(up, seen)]
+        with learn.distrib_ctx(): learn.fit(epochs, 0.05, cbs=cbs + ([RemovedByHand(fname)] if fname == 'byhand' else []))
         models = Path(root)/'models'
+        best = torch.load(models/'model.pth', weights_only=not with_opt) if rank_distrib() == 0 else None  # fastai's optimizer state: not weights only
         runs.append(dict(files=files(models/fname) if rank_distrib() == 0 else None, seen=dict(seen), reloaded=digest(learn.model),
-                         best=digest_file(models/'model.pth') if rank_distrib() == 0 else None,
+                         best=best and digest_state(best['model'] if with_opt else best),
                          losses=[float(v[1]) for v in learn.recorder.values]))
         seen.clear()
     return runs
 
-def digest_file(f): return hashlib.sha1(b''.join(v.numpy().tobytes() for v in torch.load(f, weights_only=True).values())).hexdigest()
+def digest_state(sd): return hashlib.sha1(b''.join(v.numpy().tobytes() for v in sd.values())).hexdigest()
+def digest_file(f): return digest_state(torch.load(f, weights_only=True))
 
 
 def test_keep_best_survives_rotation(tmp_path):
@@ -117,9 +130,10 @@ def test_every_minutes_is_checked():
 def test_weights_written_once(tmp_path):
     """When `SafeSaveModelCallback` saves the best model and `CheckpointCallback` a checkpoint at one epoch's end, the
     checkpoint's `model.pth` is the best model's file under a second name (the weights written once); a checkpoint of
-    other weights has its own; the best model's reload at the end of the fit still takes it as this run's file after
-    the checkpoint sharing it was rotated away; a rerun in the same folder does it again"""
-    (first,second),_ = values(torchrun_ranks(best_and_checkpoints, str(tmp_path), init=False, timeout=240))
+    other weights, or a best model saved with its optimizer, has its own; the best model's reload at the end of the fit
+    still takes it as this run's file after the checkpoint sharing it was rotated away or deleted by hand; a rerun in
+    the same folder does it again"""
+    (first,second,opt,byhand),_ = values(torchrun_ranks(best_and_checkpoints, str(tmp_path), init=False, timeout=240))
     # the first run: the best epoch is 2 (0-based), its checkpoint epoch_0003, rotated away by epoch_0005 (keep=2)
     assert min(range(5), key=lambda e: first['losses'][e]) == 2, first['losses']
     assert list(first['files']) == ['epoch_0004', 'epoch_0005'], first['files']
@@ -131,3 +145,8 @@ def test_weights_written_once(tmp_path):
     assert second['files']['epoch_0002']['linked'] and second['files']['epoch_0002']['holds'] == second['seen'][1]
     assert not second['files']['epoch_0001']['linked'] and second['files']['epoch_0001']['holds'] == second['seen'][0]
     assert second['best'] == second['seen'][1] == second['reloaded']
+    # the best model with its optimizer's state is another file: the checkpoint writes its own; the reload takes the best
+    assert not any(f['linked'] for f in opt['files'].values()) and opt['files']['epoch_0002']['holds'] == opt['seen'][1]
+    assert opt['best'] == opt['seen'][1] == opt['reloaded']
+    # the checkpoint sharing the best model's file deleted by hand: the best model is still this run's, and reloaded
+    assert list(byhand['files']) == ['epoch_0001'] and byhand['best'] == byhand['seen'][1] == byhand['reloaded']
