@@ -32,9 +32,17 @@ def report(root, res):
 # the data, made by the test in the notebook's process, as `untar_data` would have given it
 
 def _png(f, shape, seed, mode='RGB', levels=256):
+    "Make the image `f` unless it is there: as `untar_data`, made once (a rank that rewrote it could be read half-written)"
+    if f.exists(): return
     f.parent.mkdir(parents=True, exist_ok=True)
     a = np.random.default_rng(seed).integers(0, levels, shape, dtype=np.uint8)
     Image.fromarray(a, mode=None if mode == 'RGB' else mode).save(f)
+
+def _text(f, text):
+    "Make the text file `f` unless it is there, as `_png` makes images"
+    if f.exists(): return
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(text)
 
 def pets(path, n=20):
     "Image files named by breed, cats' breeds capitalised, as in the Oxford-IIIT Pets archive"
@@ -46,7 +54,7 @@ def camvid_tiny(path, n=12):
     for i in range(n):
         _png(path/'images'/f"f{i}.png", (32, 32, 3), i)
         _png(path/'labels'/f"f{i}_P.png", (32, 32), 100+i, mode='L', levels=4)
-    (path/'codes.txt').write_text('Sky\nRoad\nCar\nVoid\n')
+    _text(path/'codes.txt', 'Sky\nRoad\nCar\nVoid\n')
     return path
 
 _words = 'the film was good bad great awful plot actor scene long short fun dull story end'.split()
@@ -86,8 +94,8 @@ def biwi(path, n=12):
     for i in range(n):
         d = path/('13' if i % 4 == 0 else '01')
         _png(d/f"frame_{i:05d}_rgb.jpg", (24, 32, 3), i)
-        (d/f"frame_{i:05d}_pose.txt").write_text('1 0 0\n0 1 0\n0 0 1\n\n' + ' '.join(map(str, rng.uniform(-50, 50, 2))) + ' 1000\n')
-    (path/'01'/'rgb.cal').write_text('500 0 16\n0 500 12\n0 0 1\n\n0 0 0\n\n1 0 0\n0 1 0\n0 0 1\n\n0 0 0\n\n32 24\n')
+        _text(d/f"frame_{i:05d}_pose.txt", '1 0 0\n0 1 0\n0 0 1\n\n' + ' '.join(map(str, rng.uniform(-50, 50, 2))) + ' 1000\n')
+    _text(path/'01'/'rgb.cal', '500 0 16\n0 500 12\n0 0 1\n\n0 0 0\n\n1 0 0\n0 1 0\n0 0 1\n\n0 0 0\n\n32 24\n')
     return path
 
 # the notebook's cells: its `train` functions, on that data, with ImageNet weights left out (no download) and small
@@ -167,8 +175,7 @@ def imdb(path, n=24):
     rng = np.random.default_rng(0)
     for i in range(n):
         f = path/('test' if i % 4 == 0 else 'train')/('pos' if i % 2 else 'neg')/f"{i}.txt"
-        f.parent.mkdir(parents=True, exist_ok=True)
-        f.write_text(' '.join(rng.choice(_words, 12)))
+        _text(f, ' '.join(rng.choice(_words, 12)))
     return path
 
 def distrib_py(root):
