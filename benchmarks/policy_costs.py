@@ -1,8 +1,9 @@
 """What `CheckpointCallback`'s policies cost, measured side by side in one run (issue 35): the disk's room checked before
-a save, against the save it guards; the clock decision of `every_minutes`, against a fit without it (the interval
-never passed: the cost of deciding alone); an epoch with `SafeSaveModelCallback` (a new best every epoch) and
-`CheckpointCallback` (every epoch) on a 50 MB model, against a plain one; on 2 ranks
-under torchrun on CPU.
+a save, against the save it guards; a new checkpoint's file written into memory the kernel finds anew, against one
+written into the cached pages of the checkpoint about to be rotated out, given back first; the clock decision of
+`every_minutes`, against a fit without it (the interval never passed: the cost of deciding alone); an epoch with
+`SafeSaveModelCallback` (a new best every epoch) and `CheckpointCallback` (every epoch) on a 50 MB model, against a
+plain one; on 2 ranks under torchrun on CPU.
 
     .venv-latest/bin/python benchmarks/policy_costs.py [--both]
 
@@ -31,6 +32,24 @@ def room_check(d, mb=50, reps=20):
     check = median_seconds(lambda: check_room(f, state_bytes(state)), reps)
     save = median_seconds(lambda: atomic_torch_save(state, f), 5)
     return check, save
+
+def pages_given_back(root, fits=4, epochs=6):
+    "On rank 0: the median wall and CPU seconds of a checkpoint's commit in the writer thread (epochs 3 on, when one is rotated out), with the rotated-out checkpoint's pages given back first, and without (`give_back_pages_of_rotated` left out), in turns"
+    learn,got = model_learner(Path(root)),{'given back': [], 'not given back': []}
+    commit,give_back = CheckpointDir.commit,CheckpointDir.give_back_pages_of_rotated
+    def timed_commit(self, *args, **kwargs):
+        t,c = time.perf_counter(),time.thread_time()
+        commit(self, *args, **kwargs)
+        times.append((time.perf_counter() - t, time.thread_time() - c))
+    CheckpointDir.commit = timed_commit
+    try:
+        for i in range(fits):
+            key,times = ['given back', 'not given back'][i % 2],[]
+            CheckpointDir.give_back_pages_of_rotated = give_back if key == 'given back' else lambda self, keep=(): None
+            with learn.distrib_ctx(): learn.fit(epochs, 1e-4, cbs=CheckpointCallback(fname=f'pages{i}', resume=False))
+            got[key].extend(times[2:])  # the first two have nothing to rotate out
+    finally: CheckpointDir.commit,CheckpointDir.give_back_pages_of_rotated = commit,give_back
+    return {k: tuple(statistics.median(x[j] for x in v) for j in (0, 1)) if v else None for k,v in got.items()}
 
 def clock_fits(root, reps=5):
     "On each rank: the median seconds a training batch takes, plain and with `every_minutes` (never due), in turns"
@@ -118,6 +137,11 @@ if __name__ == '__main__':
     with tempfile.TemporaryDirectory() as d:
         check, save = room_check(d)
         print(f"room check of a 50 MB state (200 tensors): {check*1e6:.0f} us, {check/save:.5f} of its durable save ({save*1e3:.0f} ms)")
+        outcomes = torchrun_ranks(pages_given_back, d, init=False, timeout=900)
+        assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+        (gw, gc),(nw, nc) = outcomes[0].value['given back'],outcomes[0].value['not given back']
+        print(f"a checkpoint's commit (150 MB, one rotated out), in the writer thread: {nw*1e3:.0f} ms ({nc*1e3:.0f} ms of CPU) written into "
+              f"memory the kernel finds anew, {gw*1e3:.0f} ms ({gc*1e3:.0f} ms of CPU) into the pages of the rotated-out checkpoint, given back first: {gc/nc:.2f}x the CPU")
         outcomes = torchrun_ranks(clock_fits, d, init=False, timeout=600)
         assert all(o.ok for o in outcomes), [o.error for o in outcomes]
         r0, r1 = (o.value for o in outcomes)

@@ -220,11 +220,14 @@ class StoredCheckpoints(GetAttr):
                also=(), # the names of other checkpoints to keep
                count_unfinished=False): # count those without a manifest among the newest `keep` (they sort last)
         "Remove the checkpoints beyond the newest `keep`, except the `keep_best` best and those in `also`"
+        for n in self.beyond(keep, keep_best, also, count_unfinished): self.storage.remove(n)
+
+    def beyond(self, keep=2, keep_best=0, also=(), count_unfinished=False):
+        "The names of the checkpoints `rotate` removes, with the same arguments"
         found = self.checkpoints()
         newest = found if count_unfinished else [(n, m) for n,m in found if m is not None]
         kept = {*also, *(n for n,_ in newest[:keep]), *best_of(found, keep_best)}
-        for n,_ in found:
-            if n not in kept: self.storage.remove(n)
+        return [n for n,_ in found if n not in kept]
 
 # %% ../nbs/41_checkpoint_dir.ipynb #b6fa7cb5
 class CheckpointDir:
@@ -244,6 +247,7 @@ class CheckpointDir:
         "Write the checkpoint `name` whole, rotate old ones, write its name for `latest`"
         self.check_latest_is_ours()
         check_room(self.root/name, sum(map(state_bytes, files.values())))
+        self.give_back_pages_of_rotated(keep)
         ckpt,reuse = self.fresh_dir(name),reuse or {}
         for f,obj in files.items():
             if not (reuse.get(f) and self.linked(reuse[f], obj, ckpt/f)): atomic_torch_save(obj, ckpt/f, self.durable)
@@ -255,6 +259,12 @@ class CheckpointDir:
         "Raise if another run replaced `latest` since this run wrote it: two runs' checkpoints would mix"
         other = replaced_since_written(self.root/'latest')
         if other: raise CheckpointError(f"{other} (checkpoints of two runs would mix in {self.root})")
+
+    def give_back_pages_of_rotated(self, keep=()):
+        "Give back the cached pages of the checkpoints the next commit rotates out, for its files to be written into that memory; they stay whole on the disk until then"
+        for n in self.stored.beyond(self.keep - 1, self.keep_best, keep, count_unfinished=True):  # the new one will be the newest
+            with suppress(OSError):
+                for p in (self.root/n).iterdir(): give_back_pages(p)
 
     def linked(self, src, obj, dst):
         "Is `dst` now a second name of `src`, a file this process wrote that holds `obj`? Else nothing is left at `dst`"

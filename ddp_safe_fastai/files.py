@@ -13,8 +13,8 @@ try: import fcntl
 except ImportError: fcntl = None  # Windows: no file locks
 
 # %% auto #0
-__all__ = ['flush_to_disk', 'wait_for_closes', 'writer_of', 'write_token', 'state_bytes', 'check_room', 'atomic_write',
-           'atomic_torch_save', 'holds', 'is_url', 'local_copy_name']
+__all__ = ['flush_to_disk', 'give_back_pages', 'wait_for_closes', 'writer_of', 'write_token', 'state_bytes', 'check_room',
+           'atomic_write', 'atomic_torch_save', 'holds', 'is_url', 'local_copy_name']
 
 # %% ../nbs/01_files.ipynb #a43091df
 def flush_to_disk(path, directory=False, strict=False):
@@ -27,14 +27,26 @@ def flush_to_disk(path, directory=False, strict=False):
     finally: os.close(fd)
 
 # %% ../nbs/01_files.ipynb #644188a2
-def _open_previous(file):
-    "The file now at `file`, open, with its cached pages given back to the kernel for the new version; None if none"
-    # the old bytes stay on the disk until the swap; only their copy in memory goes (dirty pages are written first),
-    # for the new version to reuse
-    try: fd = os.open(file, os.O_RDONLY)
-    except OSError: return None  # no previous file, or not one this process can read
+def _give_back_pages(fd):
+    "Give the cached pages of the open file `fd` back to the kernel; the file on the disk is untouched"
     if hasattr(os, 'posix_fadvise'):
         with suppress(OSError): os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # only an economy of memory
+
+# %% ../nbs/01_files.ipynb #07d02103
+def give_back_pages(path): # a file whose bytes are about to be replaced or removed
+    "Give `path`'s cached pages back to the kernel, for the next write to reuse; the file stays as it is (nothing happens if it cannot be opened)"
+    try: fd = os.open(path, os.O_RDONLY)
+    except OSError: return
+    try: _give_back_pages(fd)
+    finally: os.close(fd)
+
+# %% ../nbs/01_files.ipynb #723be8bc
+def _open_previous(file):
+    "The file now at `file`, open, with its cached pages given back to the kernel for the new version; None if none"
+    # the old bytes stay on the disk until the swap, for the new version to reuse their memory
+    try: fd = os.open(file, os.O_RDONLY)
+    except OSError: return None  # no previous file, or not one this process can read
+    _give_back_pages(fd)
     return fd
 
 # %% ../nbs/01_files.ipynb #c44fd759
