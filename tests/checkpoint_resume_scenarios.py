@@ -1,6 +1,6 @@
 """What each rank does in the tests of `checkpoint`'s resume (test_checkpoint_resume.py): one-cycle fits with
 `CheckpointCallback` that resume from the latest checkpoint if there is one; `Noise` serves the world-size tests too"""
-import importlib
+import importlib, time
 from pathlib import Path
 import torch
 from fastai.basics import Callback
@@ -24,14 +24,26 @@ class Noise(Callback):
     def before_batch(self):
         if self.training: self.learn.xb = (self.xb[0] + 0.1*torch.randn_like(self.xb[0]),)
 
-def resume_within_epoch(root, every_iters=3):
+class HoldWhenLatest(Callback):
+    "Stop training, to be killed, once `latest` names checkpoint `ckpt_name`: every background save finished before the next one"
+    order = CheckpointCallback.order - 1  # before its saves
+    def __init__(self, ckpt_name): self.ckpt_name = ckpt_name
+    def after_batch(self):
+        if self.training: self._hold()
+    def after_epoch(self): self._hold()
+    def _hold(self):
+        flush_saves()  # on the main process: the checkpoint in the background is committed before the next is taken
+        latest = Path(self.learn.path)/self.learn.model_dir/'ckpt'/'latest'
+        while latest.is_file() and latest.read_text() == self.ckpt_name: time.sleep(1)
+
+def resume_within_epoch(root, every_iters=3, hold_at=None):
     "Dropout, noise, one-cycle; a checkpoint every `every_iters` batches too: resumes if a checkpoint exists"
     import hashlib; importlib.import_module('fastai.callback.schedule')  # Learner.fit_one_cycle
     learn = synth_learner(n=256, path=Path(root), seed=2)
     nn = torch.nn
     learn.model = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
     ckpt = CheckpointCallback(every_iters=every_iters)
-    with learn.distrib_ctx(): learn.fit_one_cycle(3, 0.02, cbs=[ckpt, Noise()])
+    with learn.distrib_ctx(): learn.fit_one_cycle(3, 0.02, cbs=[ckpt, Noise(), *([HoldWhenLatest(hold_at)] if hold_at else [])])
     h = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
     rec = learn.recorder
     return dict(sha=h, resumed_from=ckpt.resumed_from, losses=[float(l) for l in rec.losses], lrs=list(map(float, rec.lrs)),

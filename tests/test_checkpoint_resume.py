@@ -67,7 +67,7 @@ def test_killed_within_an_epoch_resumes_at_its_next_batch(tmp_path, at):
     "Checkpoints every 3 batches; every process killed once one inside an epoch is complete: bitwise the same"
     full = values(torchrun_ranks(s.resume_within_epoch, str(tmp_path/'full'), init=False, timeout=300))
     assert full[0]['sha'] == full[1]['sha'] and full[0]['resumed_from'] is None
-    assert torchrun_ranks(s.resume_within_epoch, str(tmp_path/'cut'), init=False, timeout=300,
+    assert torchrun_ranks(s.resume_within_epoch, str(tmp_path/'cut'), 3, at, init=False, timeout=300,  # held at `at` until killed
                           kill_when=_within_epoch(tmp_path/'cut', at)) is None
     res = values(torchrun_ranks(s.resume_within_epoch, str(tmp_path/'cut'), init=False, timeout=300))
     assert res[0]['resumed_from'] == at
