@@ -1,9 +1,10 @@
 """What `CheckpointCallback`'s policies cost, measured side by side in one run (issue 35): the disk's room checked before
-a save, against the save it guards; a new checkpoint's file written into memory the kernel finds anew, against one
-written into the cached pages of the checkpoint about to be rotated out, given back first; the clock decision of
-`every_minutes`, against a fit without it (the interval never passed: the cost of deciding alone); an epoch with
-`SafeSaveModelCallback` (a new best every epoch) and `CheckpointCallback` (every epoch) on a 50 MB model, against a
-plain one; on 2 ranks under torchrun on CPU.
+a save, against the save it guards; the manifest's checksums and the comparison of linked weights, against the way they
+were made before; a new checkpoint's file written into memory the kernel finds anew, against one written into the
+cached pages of the checkpoint about to be rotated out, given back first; the clock decision of `every_minutes`, against
+a fit without it (the interval never passed: the cost of deciding alone); an epoch with `SafeSaveModelCallback` (a new
+best every epoch) and `CheckpointCallback` (every epoch) on a 50 MB model, against a plain one; on 2 ranks under
+torchrun on CPU.
 
     .venv-latest/bin/python benchmarks/policy_costs.py [--both]
 
@@ -32,6 +33,27 @@ def room_check(d, mb=50, reps=20):
     check = median_seconds(lambda: check_room(f, state_bytes(state)), reps)
     save = median_seconds(lambda: atomic_torch_save(state, f), 5)
     return check, save
+
+def checksums_and_comparison(d, reps=7):
+    "Seconds of the manifest's checksums of a checkpoint (150 MB), each file read into new memory chunk by chunk and into one reused buffer; and of the comparison of the best model's weights (50 MB) with a checkpoint's, byte by byte and 8 bytes at a time"
+    from ddp_safe_fastai.checkpoint_dir import checksum, _checksums
+    from ddp_safe_fastai.files import _alike
+    torch.set_num_threads(1)  # as on a rank under torchrun
+    files = [Path(d)/'state.pth', Path(d)/'model.pth']
+    for f,mb in zip(files, (100, 50)): f.write_bytes(torch.randn(mb*2**18).numpy().tobytes())
+    def new_chunks(path, chunk=2**24):  # each chunk read into memory of its own
+        h = _checksums['crc32']()
+        with open(path, 'rb') as f:
+            while b := f.read(chunk): h.update(b)
+        return h.hexdigest()
+    weights = model_learner(Path(d)).model.state_dict()
+    atomic_torch_save(weights, files[1])
+    loaded = torch.load(files[1], map_location='cpu', mmap=True, weights_only=True)
+    byte_view = lambda t: t.detach().contiguous().reshape(-1).view(torch.uint8)
+    return dict(chunks=median_seconds(lambda: [new_chunks(f) for f in files], reps),
+                buffer=median_seconds(lambda: [checksum(f) for f in files], reps),
+                bytes=median_seconds(lambda: all(torch.equal(byte_view(loaded[k]), byte_view(v)) for k,v in weights.items()), reps),
+                words=median_seconds(lambda: _alike(loaded, weights), reps))
 
 def pages_given_back(root, fits=4, epochs=6):
     "On rank 0: the median wall and CPU seconds of a checkpoint's commit in the writer thread (epochs 3 on, when one is rotated out), with the rotated-out checkpoint's pages given back first, and without (`give_back_pages_of_rotated` left out), in turns"
@@ -137,6 +159,10 @@ if __name__ == '__main__':
     with tempfile.TemporaryDirectory() as d:
         check, save = room_check(d)
         print(f"room check of a 50 MB state (200 tensors): {check*1e6:.0f} us, {check/save:.5f} of its durable save ({save*1e3:.0f} ms)")
+        c = checksums_and_comparison(d)
+        print(f"the manifest's checksums of a checkpoint (150 MB): {c['chunks']*1e3:.1f} ms read chunk by chunk into new memory, "
+              f"{c['buffer']*1e3:.1f} ms into one reused buffer: {c['buffer']/c['chunks']:.2f}x; the best model's weights (50 MB) compared "
+              f"with a checkpoint's: {c['bytes']*1e3:.1f} ms byte by byte, {c['words']*1e3:.1f} ms 8 bytes at a time: {c['words']/c['bytes']:.2f}x")
         outcomes = torchrun_ranks(pages_given_back, d, init=False, timeout=900)
         assert all(o.ok for o in outcomes), [o.error for o in outcomes]
         (gw, gc),(nw, nc) = outcomes[0].value['given back'],outcomes[0].value['not given back']

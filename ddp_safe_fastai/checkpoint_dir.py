@@ -35,11 +35,12 @@ def _kind(entry): return next(k for k in _checksums if k in entry)  # the checks
 # %% ../nbs/41_checkpoint_dir.ipynb #1b98cc0f
 def checksum(path, # the file
              kind='crc32', # a key of `_checksums`
-             chunk=2**24): # bytes read at a time
+             chunk=2**20): # bytes read at a time, into one buffer
     "The checksum of `path` a manifest records"
-    h = _checksums[kind]()
-    with open(path, 'rb') as f:
-        while b := f.read(chunk): h.update(b)
+    h,buf = _checksums[kind](),bytearray(chunk)
+    view = memoryview(buf)
+    with open(path, 'rb', buffering=0) as f:
+        while n := f.readinto(buf): h.update(view[:n])
     return h.hexdigest()
 
 # %% ../nbs/41_checkpoint_dir.ipynb #04aeafa7
