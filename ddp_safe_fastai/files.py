@@ -230,6 +230,7 @@ def _bits(t):
         if b.numel() % word.itemsize == 0 and b.storage_offset() % word.itemsize == 0: return b.view(word)
     return b
 
+# %% ../nbs/01_files.ipynb #96c70d5e
 def _alike(saved, obj):
     "Is `saved`, as `torch.load` read it, what `torch.save(obj)` wrote: the same keys, values, and tensors of the same dtype, shape and bits?"
     if isinstance(obj, torch.Tensor):  # bit for bit: -0.0 is not 0.0, and a NaN is itself
