@@ -8,8 +8,10 @@ torchrun on CPU.
 
     .venv-latest/bin/python benchmarks/policy_costs.py [--both]
 
-`--both`: the two callbacks against a plain fit alone, in 6 fits of each (the figure of the weights written once)."""
-import sys, time, statistics, tempfile
+`--both`: the two callbacks against a plain fit alone (the figure of the weights written once), each fit in processes of
+its own, in pairs. glibc's threshold for mapping large blocks is fixed there: left to move, it made a rank's page faults
+in one same fit anything from 0.9 to 3.8 million, and its time the same (a third of it is the kernel's)."""
+import sys, time, resource, statistics, tempfile
 from pathlib import Path
 import torch
 from torch import nn
@@ -35,23 +37,25 @@ def room_check(d, mb=50, reps=20):
     return check, save
 
 def checksums_and_comparison(d, reps=7):
-    "Seconds of the manifest's checksums of a checkpoint (150 MB), each file read into new memory chunk by chunk and into one reused buffer; and of the comparison of the best model's weights (50 MB) with a checkpoint's, byte by byte and 8 bytes at a time"
-    from ddp_safe_fastai.checkpoint_dir import checksum, _checksums
+    "Seconds of the manifest's checksums of a checkpoint (150 MB): each file read into new memory chunk by chunk, into one reused buffer, and from the CRC-32s torch recorded (`manifest_checksum`, nothing read again); and of the comparison of the best model's weights (50 MB) with a checkpoint's, byte by byte and 8 bytes at a time"
+    from ddp_safe_fastai.checkpoint_dir import checksum, manifest_checksum, _checksums
     from ddp_safe_fastai.files import _alike
     torch.set_num_threads(1)  # as on a rank under torchrun
     files = [Path(d)/'state.pth', Path(d)/'model.pth']
-    for f,mb in zip(files, (100, 50)): f.write_bytes(torch.randn(mb*2**18).numpy().tobytes())
+    weights = model_learner(Path(d)).model.state_dict()
+    atomic_torch_save({k: torch.randn(2*v.numel()) for k,v in weights.items()}, files[0])  # as Adam's two moments
+    atomic_torch_save(weights, files[1])
     def new_chunks(path, chunk=2**24):  # each chunk read into memory of its own
         h = _checksums['crc32']()
         with open(path, 'rb') as f:
             while b := f.read(chunk): h.update(b)
         return h.hexdigest()
-    weights = model_learner(Path(d)).model.state_dict()
-    atomic_torch_save(weights, files[1])
+    assert [manifest_checksum(f) for f in files] == [checksum(f) for f in files] == [new_chunks(f) for f in files]
     loaded = torch.load(files[1], map_location='cpu', mmap=True, weights_only=True)
     byte_view = lambda t: t.detach().contiguous().reshape(-1).view(torch.uint8)
     return dict(chunks=median_seconds(lambda: [new_chunks(f) for f in files], reps),
                 buffer=median_seconds(lambda: [checksum(f) for f in files], reps),
+                recorded=median_seconds(lambda: [manifest_checksum(f) for f in files], reps),
                 bytes=median_seconds(lambda: all(torch.equal(byte_view(loaded[k]), byte_view(v)) for k,v in weights.items()), reps),
                 words=median_seconds(lambda: _alike(loaded, weights), reps))
 
@@ -124,6 +128,35 @@ def both_callbacks(root, reps=4, epochs=4, arms=('plain', 'checkpoint', 'both'))
         got[key][2].append(clock.end - s[0][0])
     return {k: tuple(map(statistics.median, v)) for k,v in got.items()}
 
+def fresh_fit(root, arm, i, epochs=4):
+    "On each rank of new processes: the wall seconds of one fit (after a warm-up epoch), plain or with both callbacks, and the process's minor page faults in it"
+    learn,clock = model_learner(Path(root)),FitClock()
+    with learn.distrib_ctx(): learn.fit(1, 1e-4)
+    cbs = [SafeSaveModelCallback(comp=lambda a,b: True, fname=f'best{i}'), CheckpointCallback(fname=f'c{i}', resume=False)] if arm == 'both' else []
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    with learn.distrib_ctx(): learn.fit(epochs, 1e-4, cbs=[*cbs, clock])
+    return clock.end - clock.starts[0][0],resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+
+def fresh_pairs(root, pairs=6):
+    "Pairs of fits, plain and with both callbacks, each in new processes under torchrun, in turns (plain first, then both first); glibc's mmap threshold fixed at its first value (128 KiB)"
+    env,got = {'MALLOC_MMAP_THRESHOLD_': str(128*1024)},[]
+    for i in range(pairs):
+        fits = {}
+        for arm in (('plain', 'both') if i % 2 == 0 else ('both', 'plain')):
+            outcomes = torchrun_ranks(fresh_fit, root, arm, i, init=False, timeout=600, env=env)
+            assert all(o.ok for o in outcomes), [o.error for o in outcomes]
+            fits[arm] = [o.value for o in outcomes]
+        got.append(fits)
+    return got
+
+def report_pairs(got):
+    ratios = [p['both'][0][0]/p['plain'][0][0] for p in got]
+    plain = [p['plain'][0][0] for p in got]
+    print(f"both callbacks against a plain fit, {len(got)} pairs of fits in new processes: median {statistics.median(ratios):.3f}x "
+          f"(pairs: {', '.join(f'{r:.3f}' for r in ratios)}); the plain fit itself {min(plain):.2f} to {max(plain):.2f} s")
+    for arm in ('plain', 'both'):
+        print(f"  {arm}: minor page faults in the fit, rank 0 and rank 1: " + ", ".join(f"{p[arm][0][1]}/{p[arm][1][1]}" for p in got))
+
 class SavesClock(Callback):
     "At each epoch's end: the wall and CPU seconds (all the process's threads) from before the first save (`start`, ordered before it) to the last write flushed"
     def __init__(self, order, start=None): self.order,self.start,self.times = order,start,[]
@@ -150,18 +183,16 @@ def report_both(outcomes):
               for k,(e, c, f) in o.value.items() if k != 'plain'))
 
 if __name__ == '__main__':
-    if '--both' in sys.argv:  # the measure of the two callbacks alone, with more fits
-        with tempfile.TemporaryDirectory() as d:
-            outcomes = torchrun_ranks(both_callbacks, d, 6, 4, ('plain', 'both'), init=False, timeout=1800)
-            assert all(o.ok for o in outcomes), [o.error for o in outcomes]
-            report_both(outcomes)
+    if '--both' in sys.argv:  # the measure of the two callbacks alone, fits in processes of their own
+        with tempfile.TemporaryDirectory() as d: report_pairs(fresh_pairs(d))
         sys.exit()
     with tempfile.TemporaryDirectory() as d:
         check, save = room_check(d)
         print(f"room check of a 50 MB state (200 tensors): {check*1e6:.0f} us, {check/save:.5f} of its durable save ({save*1e3:.0f} ms)")
         c = checksums_and_comparison(d)
         print(f"the manifest's checksums of a checkpoint (150 MB): {c['chunks']*1e3:.1f} ms read chunk by chunk into new memory, "
-              f"{c['buffer']*1e3:.1f} ms into one reused buffer: {c['buffer']/c['chunks']:.2f}x; the best model's weights (50 MB) compared "
+              f"{c['buffer']*1e3:.1f} ms into one reused buffer: {c['buffer']/c['chunks']:.2f}x, {c['recorded']*1e3:.2f} ms from the CRC-32s torch recorded: "
+              f"{c['recorded']/c['buffer']:.3f}x of the reused buffer's; the best model's weights (50 MB) compared "
               f"with a checkpoint's: {c['bytes']*1e3:.1f} ms byte by byte, {c['words']*1e3:.1f} ms 8 bytes at a time: {c['words']/c['bytes']:.2f}x")
         outcomes = torchrun_ranks(pages_given_back, d, init=False, timeout=900)
         assert all(o.ok for o in outcomes), [o.error for o in outcomes]

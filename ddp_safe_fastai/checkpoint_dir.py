@@ -4,7 +4,7 @@
 
 # %% ../nbs/41_checkpoint_dir.ipynb #6ceafe18
 from __future__ import annotations
-import os, json, zlib, hashlib, shutil
+import os, json, zlib, struct, hashlib, shutil, zipfile
 from contextlib import suppress
 from pathlib import Path
 from fastcore.basics import *
@@ -15,11 +15,11 @@ from .persist import replaced_since_written, link_written, unlink_written, remov
 from .train_state import FORMAT
 
 # %% auto #0
-__all__ = ['checksum', 'write_manifest', 'parse_manifest', 'read_manifest', 'why_incomplete', 'is_complete', 'copy_checked',
-           'CheckpointFormatError', 'check_format', 'CheckpointStorage', 'LocalStorage', 'training_position_of',
-           'training_position', 'monitored_in', 'monitored', 'best_of', 'checkpoint_name', 'StoredCheckpoints',
-           'CheckpointDir', 'latest_complete', 'checkpoint_row', 'checkpoints_table', 'inspect_checkpoints',
-           'checkpoints_report']
+__all__ = ['checksum', 'crc32_combine', 'recorded_crc32', 'manifest_checksum', 'write_manifest', 'parse_manifest',
+           'read_manifest', 'why_incomplete', 'is_complete', 'copy_checked', 'CheckpointFormatError', 'check_format',
+           'CheckpointStorage', 'LocalStorage', 'training_position_of', 'training_position', 'monitored_in',
+           'monitored', 'best_of', 'checkpoint_name', 'StoredCheckpoints', 'CheckpointDir', 'latest_complete',
+           'checkpoint_row', 'checkpoints_table', 'inspect_checkpoints', 'checkpoints_report']
 
 # %% ../nbs/41_checkpoint_dir.ipynb #4cfcc347
 class _Crc32:
@@ -43,12 +43,60 @@ def checksum(path, # the file
         while n := f.readinto(buf): h.update(view[:n])
     return h.hexdigest()
 
+# %% ../nbs/41_checkpoint_dir.ipynb #dff9c5f6
+_crc32_poly = 0xedb88320  # CRC-32's polynomial, bit-reversed, x^32 implied
+
+def _times_mod(a, b):
+    "The product of the polynomials `a` and `b` modulo CRC-32's"
+    p,m = 0,1 << 31  # m: the bit of x^0, then x^1...
+    while a:
+        if a & m: p ^= b; a ^= m
+        m >>= 1
+        b = (b >> 1) ^ _crc32_poly if b & 1 else b >> 1  # b times x
+    return p
+
+# %% ../nbs/41_checkpoint_dir.ipynb #6109eed2
+_x_8_2k = [1 << 23]  # x^8, then x^16, x^32... : x^(8*2^k) modulo CRC-32's polynomial, for a length of 2^k bytes
+for _ in range(63): _x_8_2k.append(_times_mod(_x_8_2k[-1], _x_8_2k[-1]))
+
+# %% ../nbs/41_checkpoint_dir.ipynb #8defed3f
+def crc32_combine(crc1, # the CRC-32 of the first bytes
+                  crc2, # the CRC-32 of the bytes after them
+                  len2): # how many bytes that is
+    "The CRC-32 of both pieces together, from each piece's CRC-32"
+    shift,k = 1 << 31,0  # x^(8*len2), built from the powers of its binary digits
+    while len2:
+        if len2 & 1: shift = _times_mod(_x_8_2k[k], shift)
+        len2,k = len2 >> 1,k+1
+    return _times_mod(shift, crc1) ^ crc2
+
+# %% ../nbs/41_checkpoint_dir.ipynb #c5d6825f
+def recorded_crc32(path):
+    "The CRC-32 of `path`, a zip of stored records (`torch.save`'s), from those its records record and the bytes between them; None if it cannot be told so"
+    try:
+        with open(path, 'rb') as f, zipfile.ZipFile(f) as z:
+            crc,pos = 0,0
+            for r in sorted(z.infolist(), key=lambda r: r.header_offset):
+                if r.compress_type != zipfile.ZIP_STORED or (r.CRC == 0 and r.file_size): return None
+                f.seek(r.header_offset + 26)
+                start = r.header_offset + 30 + sum(struct.unpack('<HH', f.read(4)))  # after the local header's name and extra field
+                f.seek(pos); crc = zlib.crc32(f.read(start - pos), crc)
+                crc,pos = crc32_combine(crc, r.CRC, r.file_size),start + r.file_size
+            f.seek(pos)
+            return f"{zlib.crc32(f.read(), crc):08x}"  # the central directory
+    except (OSError, zipfile.BadZipFile): return None
+
+# %% ../nbs/41_checkpoint_dir.ipynb #c1b2e5e2
+def manifest_checksum(path):
+    "The CRC-32 a manifest records of `path`, a file this process just wrote: recorded in it (`torch.save`'s), else read"
+    return recorded_crc32(path) or checksum(path)
+
 # %% ../nbs/41_checkpoint_dir.ipynb #04aeafa7
 def write_manifest(ckpt, # the checkpoint's directory
                    files, # the names of its files, written and flushed
                    **info): # what the checkpoint is: epoch, iter, fit, world_size...
     "Write `ckpt/manifest.json` last and atomically: `files` with their sizes and CRC-32s, `info`, the format and release"
-    entries = {f: dict(size=(ckpt/f).stat().st_size, crc32=checksum(ckpt/f)) for f in files}
+    entries = {f: dict(size=(ckpt/f).stat().st_size, crc32=manifest_checksum(ckpt/f)) for f in files}
     info = dict(format=FORMAT, library=__version__, **info, files=entries)
     atomic_write(ckpt/'manifest.json', lambda tmp: Path(tmp).write_text(json.dumps(info, indent=1)))
 
