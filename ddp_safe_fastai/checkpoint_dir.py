@@ -43,9 +43,10 @@ def checksum(path, # the file
         while n := f.readinto(buf): h.update(view[:n])
     return h.hexdigest()
 
-# %% ../nbs/41_checkpoint_dir.ipynb #dff9c5f6
+# %% ../nbs/41_checkpoint_dir.ipynb #60511d7e
 _crc32_poly = 0xedb88320  # CRC-32's polynomial, bit-reversed, x^32 implied
 
+# %% ../nbs/41_checkpoint_dir.ipynb #dff9c5f6
 def _times_mod(a, b):
     "The product of the polynomials `a` and `b` modulo CRC-32's"
     p,m = 0,1 << 31  # m: the bit of x^0, then x^1...
@@ -56,8 +57,8 @@ def _times_mod(a, b):
     return p
 
 # %% ../nbs/41_checkpoint_dir.ipynb #6109eed2
-_x_8_2k = [1 << 23]  # x^8, then x^16, x^32... : x^(8*2^k) modulo CRC-32's polynomial, for a length of 2^k bytes
-for _ in range(63): _x_8_2k.append(_times_mod(_x_8_2k[-1], _x_8_2k[-1]))
+_x_pow_8_2k = [1 << 23]  # x^8, then x^16, x^32... : x^(8*2^k) modulo CRC-32's polynomial, for a length of 2^k bytes
+for _ in range(63): _x_pow_8_2k.append(_times_mod(_x_pow_8_2k[-1], _x_pow_8_2k[-1]))
 
 # %% ../nbs/41_checkpoint_dir.ipynb #8defed3f
 def crc32_combine(crc1, # the CRC-32 of the first bytes
@@ -66,25 +67,26 @@ def crc32_combine(crc1, # the CRC-32 of the first bytes
     "The CRC-32 of both pieces together, from each piece's CRC-32"
     shift,k = 1 << 31,0  # x^(8*len2), built from the powers of its binary digits
     while len2:
-        if len2 & 1: shift = _times_mod(_x_8_2k[k], shift)
+        if len2 & 1: shift = _times_mod(_x_pow_8_2k[k], shift)
         len2,k = len2 >> 1,k+1
     return _times_mod(shift, crc1) ^ crc2
 
 # %% ../nbs/41_checkpoint_dir.ipynb #c5d6825f
 def recorded_crc32(path):
-    "The CRC-32 of `path`, a zip of stored records (`torch.save`'s), from those its records record and the bytes between them; None if it cannot be told so"
+    "The CRC-32 of `path`, a zip of stored records (`torch.save`'s), from the CRC-32s its directory records of them and the bytes between them; None if it cannot be told so"
     try:
         with open(path, 'rb') as f, zipfile.ZipFile(f) as z:
             crc,pos = 0,0
             for r in sorted(z.infolist(), key=lambda r: r.header_offset):
-                if r.compress_type != zipfile.ZIP_STORED or (r.CRC == 0 and r.file_size): return None
+                if r.compress_type != zipfile.ZIP_STORED or r.compress_size != r.file_size or (r.CRC == 0 and r.file_size): return None
                 f.seek(r.header_offset + 26)
                 start = r.header_offset + 30 + sum(struct.unpack('<HH', f.read(4)))  # after the local header's name and extra field
+                if r.header_offset < pos or start + r.file_size > z.start_dir: return None  # records over each other, or over the directory
                 f.seek(pos); crc = zlib.crc32(f.read(start - pos), crc)
                 crc,pos = crc32_combine(crc, r.CRC, r.file_size),start + r.file_size
             f.seek(pos)
-            return f"{zlib.crc32(f.read(), crc):08x}"  # the central directory
-    except (OSError, zipfile.BadZipFile): return None
+            return f"{zlib.crc32(f.read(), crc):08x}"  # the directory
+    except (OSError, ValueError, struct.error, zipfile.BadZipFile): return None
 
 # %% ../nbs/41_checkpoint_dir.ipynb #c1b2e5e2
 def manifest_checksum(path):
