@@ -105,6 +105,10 @@ def model_learner(root, n=2560, dim=1024, hidden=3072):
     model = nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
     return Learner(dls, model, loss_func=MSELossFlat(), path=root)
 
+def both_saves(i):
+    "The two callbacks measured, named for fit `i`: the best model saved every epoch (a new best each time) and a checkpoint every epoch"
+    return [SafeSaveModelCallback(comp=lambda a,b: True, fname=f'best{i}'), CheckpointCallback(fname=f'c{i}', resume=False)]
+
 class FitClock(Callback):
     "When each epoch starts (wall clock, and the CPU time of all the process's threads), and when the fit ends, after every other callback's `after_fit` (the last write, the reload)"
     order = 10_000
@@ -117,7 +121,7 @@ def both_callbacks(root, reps=4, epochs=4, arms=('plain', 'checkpoint', 'both'))
     learn,clock = model_learner(Path(root)),FitClock()
     cbs = {'plain': lambda i: [],
            'checkpoint': lambda i: [CheckpointCallback(fname=f'c{i}', resume=False)],
-           'both': lambda i: [SafeSaveModelCallback(comp=lambda a,b: True, fname=f'best{i}'), CheckpointCallback(fname=f'c{i}', resume=False)]}
+           'both': both_saves}
     got = {k: ([], [], []) for k in arms}
     for i in range(reps*len(arms) + 1):
         key = arms[i % len(arms)]
@@ -132,7 +136,7 @@ def fresh_fit(root, arm, i, epochs=4):
     "On each rank of new processes: the wall seconds of one fit (after a warm-up epoch, which saves nothing: the first save starts the writer thread in the fit), plain or with both callbacks, and the process's minor page faults in it"
     learn,clock = model_learner(Path(root)),FitClock()
     with learn.distrib_ctx(): learn.fit(1, 1e-4)
-    cbs = [SafeSaveModelCallback(comp=lambda a,b: True, fname=f'best{i}'), CheckpointCallback(fname=f'c{i}', resume=False)] if arm == 'both' else []
+    cbs = both_saves(i) if arm == 'both' else []
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     with learn.distrib_ctx(): learn.fit(epochs, 1e-4, cbs=[*cbs, clock])
     return clock.end - clock.starts[0][0],resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
@@ -173,7 +177,7 @@ def saves_at_epoch_end(root, fits=3, epochs=4):
     start = SavesClock(SafeSaveModelCallback.order-1)
     end = SavesClock(CheckpointCallback.order+1, start)
     for i in range(fits):
-        cbs = [SafeSaveModelCallback(comp=lambda a,b: True, fname=f'best{i}'), CheckpointCallback(fname=f'c{i}', resume=False), start, end]
+        cbs = [*both_saves(i), start, end]
         with learn.distrib_ctx(): learn.fit(epochs, 1e-4, cbs=cbs)
     return tuple(statistics.median(t[k] for t in end.times[epochs:]) for k in (0, 1))  # the first fit warms up
 
