@@ -301,7 +301,7 @@ class CheckpointDir:
         self.give_back_pages_of_rotated(keep)
         ckpt,reuse = self.fresh_dir(name),reuse or {}
         for f,obj in files.items():
-            if not (reuse.get(f) and self.linked(reuse[f], obj, ckpt/f)): atomic_torch_save(obj, ckpt/f, self.durable)
+            if not (reuse.get(f) and self.linked(reuse[f], obj, ckpt/f)): atomic_torch_save(obj, ckpt/f, self.durable, around_cache=self.durable)
         write_manifest(ckpt, list(files), **info)
         self.rotate(keep={name, *keep})
         Path(latest_tmp).write_text(name)

@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_files.ipynb #e604bb33
 from __future__ import annotations
-import os, re, sys, glob, time, ctypes, secrets, shutil, socket, threading
+import os, re, sys, glob, mmap, time, errno, ctypes, secrets, shutil, socket, threading
 from contextlib import suppress
 from pathlib import Path
 import torch
@@ -14,7 +14,7 @@ except ImportError: fcntl = None  # Windows: no file locks
 
 # %% auto #0
 __all__ = ['flush_to_disk', 'give_back_pages', 'wait_for_closes', 'writer_of', 'write_token', 'state_bytes', 'check_room',
-           'atomic_write', 'atomic_torch_save', 'holds', 'is_url', 'local_copy_name']
+           'atomic_write', 'atomic_torch_save', 'DirectFile', 'holds', 'is_url', 'local_copy_name']
 
 # %% ../nbs/01_files.ipynb #a43091df
 def flush_to_disk(path, directory=False, strict=False):
@@ -165,9 +165,10 @@ def check_room(file, # the file about to be written
                needed): # the bytes it needs
     "Raise `CheckpointError` if `file`'s disk has fewer than `needed` bytes free: before anything is written"
     where = _existing_dir(Path(file).parent)
-    try: free = shutil.disk_usage(where).free
+    try: usage = shutil.disk_usage(where)
     except OSError: return  # a directory that cannot be read fails at the write, saying so
-    if free < needed:
+    free = usage.free
+    if usage.total and free < needed:
         raise CheckpointError(f"could not write {file}: not enough room on the disk of {where}: {free:,} bytes free, "
                               f"{needed:,} needed; nothing was written, the previous file, if any, is intact")
 
@@ -218,9 +219,85 @@ def atomic_write(file, # the file to write
     return file
 
 # %% ../nbs/01_files.ipynb #bf26e205
-def atomic_torch_save(obj, file, durable=True, **torch_save_kwargs):
+def atomic_torch_save(obj, file, durable=True,
+                      around_cache=False, # write around the page cache, through a `DirectFile`: for a file read again only later
+                      **torch_save_kwargs):
     "`torch.save(obj, file, **torch_save_kwargs)`, atomically: the previous `file` survives any failure"
-    return atomic_write(file, lambda tmp: torch.save(obj, tmp, **torch_save_kwargs), durable, state_bytes(obj))
+    def write(tmp):
+        if not around_cache: return torch.save(obj, tmp, **torch_save_kwargs)
+        with DirectFile(tmp) as f: torch.save(obj, f, **torch_save_kwargs)
+    return atomic_write(file, write, durable, state_bytes(obj))
+
+# %% ../nbs/01_files.ipynb #b0ed2f17
+_O_DIRECT = getattr(os, 'O_DIRECT', 0)  # Linux's, and some BSDs'; not macOS's nor Windows'
+
+def _open_around_cache(path):
+    "`path` open for writing, empty, around the page cache where its file system allows that, else through it"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    if _O_DIRECT:
+        try: return os.open(path, flags | _O_DIRECT, 0o666)
+        except OSError as e:
+            if e.errno != errno.EINVAL: raise  # EINVAL: no O_DIRECT on this file system
+    return os.open(path, flags, 0o666)
+
+# %% ../nbs/01_files.ipynb #5f41a08d
+def _stop_writing_around_cache(fd, e):
+    "After the write on `fd` raised `e`: True if `fd` was written around the cache, refused, and now writes through it"
+    if e.errno != errno.EINVAL or fcntl is None: return False
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    if not flags & _O_DIRECT: return False
+    fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~_O_DIRECT)  # a file system that opened it so but refuses this write
+    return True
+
+# %% ../nbs/01_files.ipynb #e0c44f7b
+def _whole_pages(n): return -(-n // mmap.PAGESIZE) * mmap.PAGESIZE  # `n` bytes rounded up to whole pages
+
+# %% ../nbs/01_files.ipynb #39567ea1
+class DirectFile:
+    "A file `torch.save` writes to, around the page cache (`O_DIRECT`) a buffer at a time; through the cache where the file system does not allow that"
+    def __init__(self, path, # the file: made, or emptied
+                 buffer_bytes=8*2**20): # bytes written at a time: a multiple of the page size (else written through the cache)
+        self.fd,self.size,self.used = _open_around_cache(path),0,0
+        self.buf = mmap.mmap(-1, _whole_pages(buffer_bytes))  # anonymous memory: page-aligned
+        self.pages = memoryview(self.buf)  # what is written: whole pages, the last one's tail padding
+        self.view = self.pages[:buffer_bytes]  # what is filled
+
+    def write(self, data):
+        "Add `data` (bytes, or anything with the buffer protocol) at the file's end; its length"
+        data = memoryview(data).cast('B')
+        n = len(data)
+        while len(data):
+            k = min(len(data), len(self.view) - self.used)
+            self.view[self.used:self.used+k] = data[:k]
+            self.used,data = self.used+k,data[k:]
+            if self.used == len(self.view): self._write_out(self.used)
+        self.size += n
+        return n
+
+    def _write_out(self, n):
+        "Write the buffer's first `n` bytes at the file's end, and empty it"
+        done = 0
+        while done < n:
+            try: done += os.write(self.fd, self.pages[done:n])
+            except OSError as e:
+                if not _stop_writing_around_cache(self.fd, e): raise
+        self.used = 0
+
+    def flush(self): pass  # the buffer's last bytes go at `close`: the disk takes whole blocks
+
+    def close(self, complete=True): # False: the write failed; the file is left as it is
+        "Write the buffer's last bytes, rounded up to a page, cut the file back to its size, and close it"
+        if self.fd is None: return
+        try:
+            if complete:
+                if self.used: self._write_out(_whole_pages(self.used))
+                os.ftruncate(self.fd, self.size)
+        finally:
+            os.close(self.fd); self.fd = None
+            self.view.release(); self.pages.release(); self.buf.close()
+
+    def __enter__(self): return self
+    def __exit__(self, exc_type, *_): self.close(complete=exc_type is None)
 
 # %% ../nbs/01_files.ipynb #e35d36fc
 def _bits(t):

@@ -1,7 +1,7 @@
-"""What each rank does in the tests of `files` (test_files.py): a guarded save too large for the disk"""
+"""What each rank does in the tests of `files` (test_files.py): a guarded save too large for the disk; a checkpointed fit and its resume"""
 from pathlib import Path
 import torch
-from fastai.basics import nn
+from fastai.basics import nn, Callback
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.testing import synth_learner
 
@@ -14,3 +14,17 @@ def save_too_large(root):
     except CheckpointError as e: error = str(e)
     learn.model = nn.Linear(4, 1); learn.load('m', with_opt=False)
     return dict(error=error, intact=torch.equal(learn.model.weight, small), files=sorted(p.name for p in (Path(root)/'models').iterdir()))
+
+def checkpoint_and_resume(root):
+    "Fit 2 epochs, checkpointing each, then resume into a fresh Learner for a third: what was resumed, and whether the optimizer's state came back bit for bit"
+    learn = synth_learner(path=Path(root))
+    with learn.distrib_ctx(): learn.fit(2, 1e-2, cbs=CheckpointCallback(resume=False))
+    saved = [v.clone() for v in learn.opt.state_dict()['state'][0].values() if isinstance(v, torch.Tensor)]
+    again = synth_learner(path=Path(root)); resumed = []
+    class Seen(Callback):
+        order = CheckpointCallback.order + 1
+        def before_train(self):
+            if not resumed: resumed.append(self.epoch); resumed.append([v.clone() for v in self.learn.opt.state_dict()['state'][0].values() if isinstance(v, torch.Tensor)])
+    with again.distrib_ctx(): again.fit(3, 1e-2, cbs=[CheckpointCallback(), Seen()])
+    same = len(saved) == len(resumed[1]) and all(torch.equal(a, b) for a,b in zip(saved, resumed[1]))
+    return dict(epoch=resumed[0], same_opt=same, files=sorted(p.name for p in (Path(root)/'models'/'ckpt').iterdir()))

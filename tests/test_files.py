@@ -56,3 +56,12 @@ def test_save_too_large_for_the_disk(tmp_path):
     assert f"could not write {tmp_path}/models/m.pth: not enough room on the disk of {tmp_path}/models: " in res[0]['error'], res
     assert f"bytes free, {(1024*2048 + 2048)*4:,} needed; nothing was written" in res[0]['error'], res
     assert all(r['intact'] and r['files'] == ['m.pth'] for r in res), res  # the previous file, and no temporary
+
+@needs_mounts
+def test_checkpoints_where_the_disk_refuses_direct_writes(tmp_path):
+    "On ramfs, which refuses `O_DIRECT`: the checkpoints that are written around the page cache elsewhere are written through it, whole, and a fit resumes from them exactly"
+    mount = 'mount --make-rprivate / && mount -t ramfs ramfs "$0" && exec "$@"'
+    res = values(torchrun_ranks(s.checkpoint_and_resume, str(tmp_path), nproc=2, timeout=180,
+                                node_prefix=lambda i: ['unshare', '-m', 'sh', '-c', mount, str(tmp_path)]))
+    assert all(r['epoch'] == 2 and r['same_opt'] for r in res), res
+    assert res[0]['files'] == ['epoch_0002', 'epoch_0003', 'latest'], res
