@@ -1,7 +1,7 @@
 """What `CheckpointCallback`'s policies cost, measured side by side in one run (issue 35): the disk's room checked before
 a save, against the save it guards; the manifest's checksums and the comparison of linked weights, against the way they
-were made before; a new checkpoint's file written into memory the kernel finds anew, against one written into the
-cached pages of the checkpoint about to be rotated out, given back first; the clock decision of `every_minutes`, against
+were made before; a new checkpoint's files written around the page cache, against through it into the cached pages of
+the checkpoint about to be rotated out, given back first; the clock decision of `every_minutes`, against
 a fit without it (the interval never passed: the cost of deciding alone); an epoch with `SafeSaveModelCallback` (a new
 best every epoch) and `CheckpointCallback` (every epoch) on a 50 MB model, against a plain one; on 2 ranks under
 torchrun on CPU.
@@ -9,7 +9,7 @@ torchrun on CPU.
     .venv-latest/bin/python benchmarks/policy_costs.py [--both]
 
 `--both`: the two callbacks against a plain fit alone (the figure of the weights written once), each fit in processes of
-its own, in pairs. glibc's threshold for mapping large blocks is fixed there: left to move, it made a rank's page faults
+its own, in runs of three: plain, both, and both with the checkpoint's files written through the page cache. glibc's threshold for mapping large blocks is fixed there: left to move, it made a rank's page faults
 in one same fit anything from 0.9 to 3.8 million, and its time the same (a third of it is the kernel's)."""
 import sys, time, resource, statistics, tempfile
 from pathlib import Path
@@ -21,6 +21,7 @@ from ddp_safe_fastai.files import check_room, state_bytes, atomic_torch_save
 from ddp_safe_fastai.testing import synth_learner, Rows
 from ddp_safe_fastai.persist import flush_saves
 from ddp_safe_fastai.launch import torchrun_ranks
+from ddp_safe_fastai import checkpoint_dir
 
 def median_seconds(f, reps):
     f(); ts = []
@@ -59,10 +60,15 @@ def checksums_and_comparison(d, reps=7):
                 bytes=median_seconds(lambda: all(torch.equal(byte_view(loaded[k]), byte_view(v)) for k,v in weights.items()), reps),
                 words=median_seconds(lambda: _alike(loaded, weights), reps))
 
-def pages_given_back(root, fits=4, epochs=6):
-    "On rank 0: the median wall and CPU seconds of a checkpoint's commit in the writer thread (epochs 3 on, when one is rotated out), with the rotated-out checkpoint's pages given back first, and without (`give_back_pages_of_rotated` left out), in turns"
-    learn,got = model_learner(Path(root)),{'given back': [], 'not given back': []}
-    commit,give_back = CheckpointDir.commit,CheckpointDir.give_back_pages_of_rotated
+def through_the_cache(save):
+    "`save` (an `atomic_torch_save`) that writes through the page cache whatever it is asked: as `CheckpointDir` wrote a checkpoint's files before `files.DirectFile`"
+    def save_through(obj, file, durable=True, around_cache=False, **kwargs): return save(obj, file, durable, **kwargs)
+    return save_through
+
+def commit_around_cache(root, fits=4, epochs=6):
+    "On rank 0: the median wall and CPU seconds of a checkpoint's commit in the writer thread (epochs 3 on, when one is rotated out), and the process's CPU seconds a fit; its files written around the page cache (as `CheckpointDir` writes a durable one), and through it into the rotated-out checkpoint's pages given back first (as it wrote them before), in turns"
+    learn,got = model_learner(Path(root)),{'around': [], 'through': []}
+    commit,save = CheckpointDir.commit,checkpoint_dir.atomic_torch_save
     def timed_commit(self, *args, **kwargs):
         t,c = time.perf_counter(),time.thread_time()
         commit(self, *args, **kwargs)
@@ -70,12 +76,16 @@ def pages_given_back(root, fits=4, epochs=6):
     CheckpointDir.commit = timed_commit
     try:
         for i in range(fits):
-            key,times = ['given back', 'not given back'][i % 2],[]
-            CheckpointDir.give_back_pages_of_rotated = give_back if key == 'given back' else lambda self, keep=(): None
-            with learn.distrib_ctx(): learn.fit(epochs, 1e-4, cbs=CheckpointCallback(fname=f'pages{i}', resume=False))
-            got[key].extend(times[2:])  # the first two have nothing to rotate out
-    finally: CheckpointDir.commit,CheckpointDir.give_back_pages_of_rotated = commit,give_back
-    return {k: tuple(statistics.median(x[j] for x in v) for j in (0, 1)) if v else None for k,v in got.items()}
+            key,times = ['around', 'through'][i % 2],[]
+            checkpoint_dir.atomic_torch_save = save if key == 'around' else through_the_cache(save)
+            r = resource.getrusage(resource.RUSAGE_SELF)
+            with learn.distrib_ctx(): learn.fit(epochs, 1e-4, cbs=CheckpointCallback(fname=f'commit{i}', resume=False))
+            q = resource.getrusage(resource.RUSAGE_SELF)
+            got[key].append((times[2:], q.ru_utime - r.ru_utime, q.ru_stime - r.ru_stime))  # the first two commits have nothing to rotate out
+    finally: CheckpointDir.commit,checkpoint_dir.atomic_torch_save = commit,save
+    commits = lambda v: [x for f in v for x in f[0]]  # none on a rank that does not write
+    return {k: dict(commit=tuple(statistics.median(x[j] for x in commits(v)) for j in (0, 1)) if commits(v) else None,
+                    user=statistics.median(f[1] for f in v), sys=statistics.median(f[2] for f in v)) for k,v in got.items()}
 
 def clock_fits(root, reps=5):
     "On each rank: the median seconds a training batch takes, plain and with `every_minutes` (never due), in turns"
@@ -133,20 +143,23 @@ def both_callbacks(root, reps=4, epochs=4, arms=('plain', 'checkpoint', 'both'))
     return {k: tuple(map(statistics.median, v)) for k,v in got.items()}
 
 def fresh_fit(root, arm, i, epochs=4):
-    "On each rank of new processes: the wall seconds of one fit (after a warm-up epoch, which saves nothing: the first save starts the writer thread in the fit), plain or with both callbacks, and the process's minor page faults in it"
+    "On each rank of new processes: the wall seconds of one fit (after a warm-up epoch, which saves nothing: the first save starts the writer thread in the fit), plain or with both callbacks ('both', or 'through': the checkpoint's files through the page cache), and the process's minor page faults in it"
     learn,clock = model_learner(Path(root)),FitClock()
     with learn.distrib_ctx(): learn.fit(1, 1e-4)
-    cbs = both_saves(i) if arm == 'both' else []
+    if arm == 'through': checkpoint_dir.atomic_torch_save = through_the_cache(checkpoint_dir.atomic_torch_save)
+    cbs = [] if arm == 'plain' else both_saves(i)
     faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     with learn.distrib_ctx(): learn.fit(epochs, 1e-4, cbs=[*cbs, clock])
     return clock.end - clock.starts[0][0],resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
 
-def fresh_pairs(root, pairs=6):
-    "Pairs of fits, plain and with both callbacks, each in new processes under torchrun, in turns (plain first, then both first); glibc's mmap threshold fixed at its first value (128 KiB)"
+_fresh_arms = ('plain', 'both', 'through')
+
+def fresh_runs(root, runs=6):
+    "Runs of three fits, each in new processes under torchrun: plain, both callbacks, both with the checkpoint through the page cache, the first of each run in turns; glibc's mmap threshold fixed at its first value (128 KiB)"
     env,got = {'MALLOC_MMAP_THRESHOLD_': str(128*1024)},[]
-    for i in range(pairs):
+    for i in range(runs):
         fits = {}
-        for arm in (('plain', 'both') if i % 2 == 0 else ('both', 'plain')):
+        for arm in _fresh_arms[i % 3:] + _fresh_arms[:i % 3]:
             with tempfile.TemporaryDirectory(dir=root) as d:  # each fit on a disk and page cache without the last ones' files
                 outcomes = torchrun_ranks(fresh_fit, d, arm, i, init=False, timeout=600, env=env)
             assert all(o.ok for o in outcomes), [o.error for o in outcomes]
@@ -154,14 +167,17 @@ def fresh_pairs(root, pairs=6):
         got.append(fits)
     return got
 
-def report_pairs(got):
-    "Print each pair's ratio of rank 0's fit times (the ranks' agree within milliseconds: they meet every batch), their median, and the page faults"
-    ratios = [p['both'][0][0]/p['plain'][0][0] for p in got]
-    plain = [p['plain'][0][0] for p in got]
-    print(f"both callbacks against a plain fit, {len(got)} pairs of fits in new processes: median {statistics.median(ratios):.3f}x "
-          f"(pairs: {', '.join(f'{r:.3f}' for r in ratios)}); the plain fit itself {min(plain):.2f} to {max(plain):.2f} s")
-    for arm in ('plain', 'both'):
-        print(f"  {arm}: minor page faults in the fit, rank 0 and rank 1: " + ", ".join(f"{p[arm][0][1]}/{p[arm][1][1]}" for p in got))
+def report_runs(got):
+    "Print each run's ratios of rank 0's fit times to the plain fit's (the ranks' agree within milliseconds: they meet every batch), their medians, the ratio of the median fits, and the page faults"
+    plain = [r['plain'][0][0] for r in got]
+    print(f"both callbacks against a plain fit, {len(got)} runs of three fits, each in new processes; the plain fit itself {min(plain):.2f} to {max(plain):.2f} s")
+    for arm,what in (('both', 'the checkpoint around the page cache'), ('through', 'the checkpoint through the page cache')):
+        ratios = [r[arm][0][0]/r['plain'][0][0] for r in got]
+        print(f"  {what}: median {statistics.median(ratios):.3f}x (runs: {', '.join(f'{x:.3f}' for x in ratios)}); median fit "
+              f"{statistics.median(r[arm][0][0] for r in got):.2f} s against {statistics.median(plain):.2f} s: "
+              f"{statistics.median(r[arm][0][0] for r in got)/statistics.median(plain):.3f}x")
+    for arm in _fresh_arms:
+        print(f"  {arm}: minor page faults in the fit, rank 0 and rank 1: " + ", ".join(f"{r[arm][0][1]}/{r[arm][1][1]}" for r in got))
 
 class SavesClock(Callback):
     "At each epoch's end: the wall and CPU seconds (all the process's threads) from before the first save (`start`, ordered before it) to the last write flushed"
@@ -190,7 +206,7 @@ def report_both(outcomes):
 
 if __name__ == '__main__':
     if '--both' in sys.argv:  # the measure of the two callbacks alone, fits in processes of their own
-        with tempfile.TemporaryDirectory() as d: report_pairs(fresh_pairs(d))
+        with tempfile.TemporaryDirectory() as d: report_runs(fresh_runs(d))
         sys.exit()
     with tempfile.TemporaryDirectory() as d:
         check, save = room_check(d)
@@ -200,11 +216,13 @@ if __name__ == '__main__':
               f"{c['buffer']*1e3:.1f} ms into one reused buffer: {c['buffer']/c['chunks']:.2f}x, {c['recorded']*1e3:.2f} ms from the CRC-32s torch recorded: "
               f"{c['recorded']/c['buffer']:.3f}x of the reused buffer's; the best model's weights (50 MB) compared "
               f"with a checkpoint's: {c['bytes']*1e3:.1f} ms byte by byte, {c['words']*1e3:.1f} ms 8 bytes at a time: {c['words']/c['bytes']:.2f}x")
-        outcomes = torchrun_ranks(pages_given_back, d, init=False, timeout=900)
+        outcomes = torchrun_ranks(commit_around_cache, d, init=False, timeout=900)
         assert all(o.ok for o in outcomes), [o.error for o in outcomes]
-        (gw, gc),(nw, nc) = outcomes[0].value['given back'],outcomes[0].value['not given back']
-        print(f"a checkpoint's commit (150 MB, one rotated out), in the writer thread: {nw*1e3:.0f} ms ({nc*1e3:.0f} ms of CPU) written into "
-              f"memory the kernel finds anew, {gw*1e3:.0f} ms ({gc*1e3:.0f} ms of CPU) into the pages of the rotated-out checkpoint, given back first: {gc/nc:.2f}x the CPU")
+        a,t = outcomes[0].value['around'],outcomes[0].value['through']
+        print(f"a checkpoint's commit (150 MB, one rotated out), in the writer thread: {t['commit'][0]*1e3:.0f} ms ({t['commit'][1]*1e3:.0f} ms of CPU) "
+              f"through the page cache, into the rotated-out checkpoint's pages given back first; {a['commit'][0]*1e3:.0f} ms "
+              f"({a['commit'][1]*1e3:.0f} ms of CPU) around it: {a['commit'][1]/t['commit'][1]:.2f}x the CPU. Rank 0's process, a fit of 6 epochs "
+              f"checkpointed each: {t['user']:.2f} s user and {t['sys']:.2f} s system through the cache, {a['user']:.2f} s and {a['sys']:.2f} s around it")
         outcomes = torchrun_ranks(clock_fits, d, init=False, timeout=600)
         assert all(o.ok for o in outcomes), [o.error for o in outcomes]
         r0, r1 = (o.value for o in outcomes)

@@ -46,12 +46,16 @@ def test_plain_torch_save_does_not(tmp_path):
     print(f"plain torch.save: {bad} of 10 files not whole after SIGKILL")
     assert bad > 0
 
+def _ranks_on_a_disk(f, tmp_path, fs, timeout):
+    "Run `f(tmp_path)` on 2 ranks under torchrun whose agent sees `tmp_path` as a new disk of its own (`fs`: mount's type and options)"
+    mount = f'mount --make-rprivate / && mount -t {fs} "$0" && exec "$@"'
+    return values(torchrun_ranks(f, str(tmp_path), nproc=2, timeout=timeout,
+                                 node_prefix=lambda i: ['unshare', '-m', 'sh', '-c', mount, str(tmp_path)]))
+
 @needs_mounts
 def test_save_too_large_for_the_disk(tmp_path):
     "A guarded save that the disk (a 4 MiB tmpfs) has no room for: refused on every rank before it is written, naming the directory, the bytes free and needed"
-    mount = 'mount --make-rprivate / && mount -t tmpfs -o size=4m tmpfs "$0" && exec "$@"'
-    res = values(torchrun_ranks(s.save_too_large, str(tmp_path), nproc=2, timeout=120,
-                                node_prefix=lambda i: ['unshare', '-m', 'sh', '-c', mount, str(tmp_path)]))
+    res = _ranks_on_a_disk(s.save_too_large, tmp_path, 'tmpfs -o size=4m tmpfs', 120)
     assert res[0]['error'] == res[1]['error'] and res[0]['error'], res
     assert f"could not write {tmp_path}/models/m.pth: not enough room on the disk of {tmp_path}/models: " in res[0]['error'], res
     assert f"bytes free, {(1024*2048 + 2048)*4:,} needed; nothing was written" in res[0]['error'], res
@@ -60,8 +64,6 @@ def test_save_too_large_for_the_disk(tmp_path):
 @needs_mounts
 def test_checkpoints_where_the_disk_refuses_direct_writes(tmp_path):
     "On ramfs, which refuses `O_DIRECT`: the checkpoints that are written around the page cache elsewhere are written through it, whole, and a fit resumes from them exactly"
-    mount = 'mount --make-rprivate / && mount -t ramfs ramfs "$0" && exec "$@"'
-    res = values(torchrun_ranks(s.checkpoint_and_resume, str(tmp_path), nproc=2, timeout=180,
-                                node_prefix=lambda i: ['unshare', '-m', 'sh', '-c', mount, str(tmp_path)]))
+    res = _ranks_on_a_disk(s.checkpoint_and_resume, tmp_path, 'ramfs ramfs', 180)
     assert all(r['epoch'] == 2 and r['same_opt'] for r in res), res
     assert res[0]['files'] == ['epoch_0002', 'epoch_0003', 'latest'], res
