@@ -224,7 +224,7 @@ def atomic_torch_save(obj, file, durable=True,
                       **torch_save_kwargs):
     "`torch.save(obj, file, **torch_save_kwargs)`, atomically: the previous `file` survives any failure"
     def write(tmp):
-        if not around_cache: return torch.save(obj, tmp, **torch_save_kwargs)
+        if not (around_cache and _O_DIRECT): return torch.save(obj, tmp, **torch_save_kwargs)  # no `O_DIRECT`: as `torch.save` writes
         with DirectFile(tmp) as f: torch.save(obj, f, **torch_save_kwargs)
     return atomic_write(file, write, durable, state_bytes(obj))
 
@@ -233,7 +233,7 @@ _O_DIRECT = getattr(os, 'O_DIRECT', 0)  # Linux's, and some BSDs'; not macOS's n
 
 def _open_around_cache(path):
     "`path` open for writing, empty, around the page cache where its file system allows that, else through it"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, 'O_BINARY', 0)  # Windows': the bytes as they are
     if _O_DIRECT:
         try: return os.open(path, flags | _O_DIRECT, 0o666)
         except OSError as e:
@@ -257,10 +257,10 @@ class DirectFile:
     "A file `torch.save` writes to, around the page cache (`O_DIRECT`) a buffer at a time; through the cache where the file system does not allow that"
     def __init__(self, path, # the file: made, or emptied
                  buffer_bytes=8*2**20): # bytes written at a time: a multiple of the page size (else written through the cache)
-        self.fd,self.size,self.used = _open_around_cache(path),0,0
         self.buf = mmap.mmap(-1, _whole_pages(buffer_bytes))  # anonymous memory: page-aligned
         self.pages = memoryview(self.buf)  # what is written: whole pages, the last one's tail padding
         self.view = self.pages[:buffer_bytes]  # what is filled
+        self.fd,self.size,self.used = _open_around_cache(path),0,0
 
     def write(self, data):
         "Add `data` (bytes, or anything with the buffer protocol) at the file's end; its length"
@@ -293,8 +293,9 @@ class DirectFile:
                 if self.used: self._write_out(_whole_pages(self.used))
                 os.ftruncate(self.fd, self.size)
         finally:
-            os.close(self.fd); self.fd = None
+            fd,self.fd = self.fd,None
             self.view.release(); self.pages.release(); self.buf.close()
+            os.close(fd)
 
     def __enter__(self): return self
     def __exit__(self, exc_type, *_): self.close(complete=exc_type is None)
