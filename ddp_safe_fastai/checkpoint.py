@@ -13,7 +13,7 @@ from fastai.callback.core import Callback
 from fastai.learner import Learner
 from .core import *
 from .persist import *
-from .learner import step_tensors, apply_model_state
+from .learner import step_tensors, apply_model_state, load_device
 from .train_state import *
 from .checkpoint_dir import *
 from .object_store import ObjectStoreDir, check_writable
@@ -193,7 +193,7 @@ class CheckpointCallback(Callback):
 
     def _restore(self, ckpt, manifest):
         "Load the checkpoint on every rank and put the Learner where it was"
-        state = _read_state(ckpt, manifest, 'resume', self.scope)
+        state = _read_state(ckpt, manifest, 'resume', self.scope, load_device(self.learn, None))
         rng = rng_state_for(load_state(ckpt/'rng.pth', 'cpu', what='resume', scope=self.scope), rank_distrib())
         apply_state(self.learn, state, rng, what=f"resume {ckpt}")
         if state['done']: self.within = (state, rng)
@@ -328,6 +328,6 @@ def load_checkpoint(self:Learner,
     found = (next((c for c in cd.best(None) if is_complete(c)), None) if best else cd.latest()) if rank_distrib() == 0 else None
     name,manifest = broadcast_object((found.name, read_manifest(found)) if found else (None, None), what=f"load_checkpoint {cd.root}")
     if name is None: raise CheckpointNotFoundError(f"load_checkpoint: no complete checkpoint{' with a monitored metric' if best else ''} in {cd.root}")
-    state = _read_state(cd.root/name, manifest, 'load_checkpoint', map_location=rank_device())
+    state = _read_state(cd.root/name, manifest, 'load_checkpoint', map_location=load_device(self, None))
     apply_model_state(state['model'], self.model, self.opt, with_opt=with_opt)
     return name

@@ -11,8 +11,8 @@ import torch, torch.distributed as dist
 from torch import nn
 from fastcore.basics import *
 import fastai.torch_core
-from fastai.torch_core import LongTensor
-from fastai.learner import defaults
+from fastai.torch_core import LongTensor, get_model
+from fastai.learner import defaults, Learner
 from .core import *
 
 # %% auto #0
@@ -147,6 +147,34 @@ def after_iter(self:DistributedDL):
     "End the pass as the wrapped loader's own `__iter__` would: its iterator over the dataset goes"
     self.dl.after_iter()
     if hasattr(self.dl, 'it'): del self.dl.it
+
+# %% ../nbs/03_distributed.ipynb #26a85820
+_fastai_wrap_dl,_fastai_trainer_after_fit = fastai_original(DistributedTrainer, '_wrap_dl'),fastai_original(DistributedTrainer, 'after_fit')
+
+def _model_device(model):
+    "Where `model`'s parameters are: DDP names it, a module that accelerate did not wrap does not"
+    return getattr(model, 'device', None) or next((p.device for p in model.parameters()), torch.device('cpu'))
+
+# %% ../nbs/03_distributed.ipynb #71bbd8d6
+@patch
+def _wrap_dl(self:DistributedTrainer, dl):
+    "fastai's: `dl` as a `DistributedDL` on the model's device, the model wrapped in DDP or not"
+    return dl if isinstance(dl, DistributedDL) else DistributedDL(dl, device=_model_device(self.learn.model))
+
+# %% ../nbs/03_distributed.ipynb #0c9605f3
+@patch
+def after_fit(self:DistributedTrainer):
+    "fastai's: the model unwrapped where accelerate wrapped it, the loaders as they were"
+    self.learn.model,self.learn.dls.loaders = get_model(self.learn.model),self.old_dls
+
+# %% ../nbs/03_distributed.ipynb #246d8a9c
+_fastai_detach_distributed = fastai_original(Learner, 'detach_distributed')
+
+@patch
+def detach_distributed(self:Learner):
+    "fastai's; in a run of one process too, where fastai's kept the `DistributedTrainer`"
+    if num_distrib() <= 1: self.remove_cb(DistributedTrainer)  # one process is rank 0: no progress bar to put back
+    return _fastai_detach_distributed(self)
 
 # %% ../nbs/03_distributed.ipynb #51633330
 def deal(idxs, # the epoch's indices, in the order drawn

@@ -20,3 +20,12 @@ def batchnorm_fit(root):
     with learn.distrib_ctx(): learn.fit(2, 0.1)  # sync_bn=True, fastai's default: SyncBatchNorm needs CUDA
     return dict(types=sorted({type(m).__name__ for m in learn.model.modules()}),
                 stats=[b.tolist() for b in learn.model.buffers()])
+
+def contexts_in_turn(root, n=3):
+    "One Learner fitted in `n` `distrib_ctx`s in turn: the `DistributedTrainer`s it holds after them, its loaders' types, the weights"
+    learn = synth_learner(path=Path(root))
+    for _ in range(n):
+        with learn.distrib_ctx(): learn.fit(1, 0.1)
+    from fastai.distributed import DistributedTrainer
+    return dict(trainers=sum(isinstance(c, DistributedTrainer) for c in learn.cbs), loaders=[type(d).__name__ for d in learn.dls.loaders],
+                weights=learn.model.weight.flatten().tolist())

@@ -1,6 +1,6 @@
 """`distributed` (nbs/03_distributed.ipynb): fastai's `distrib_ctx` fits on CPU as fastai documents them, under torchrun,
 `mp.spawn`, `accelerate launch` and accelerate's `notebook_launcher`; BatchNorm statistics stay per rank and end as rank 0's"""
-import sys, json, shutil, subprocess
+import sys, json, shutil, subprocess, pytest
 from pathlib import Path
 import distributed_scenarios as s
 from conftest import values
@@ -19,6 +19,13 @@ def test_ddp_fit_under_accelerate_launch(tmp_path):
            '--dynamo_backend', 'no', '--main_process_port', str(free_port())]
     res = values(torchrun_ranks(s.ddp_fit, str(tmp_path), init=False, launcher=cmd, timeout=180))
     assert res[0]['world'] == 2 and res[0]['weights'] == res[1]['weights']
+
+@pytest.mark.parametrize('nproc', [1, 2])
+def test_contexts_in_turn(nproc, tmp_path):
+    "One Learner fitted in three `distrib_ctx`s in turn, by one process (`WORLD_SIZE=1`, where fastai kept its trainer) and by two: nothing stays of them"
+    res = values(torchrun_ranks(s.contexts_in_turn, str(tmp_path), nproc=nproc, init=False, timeout=180))
+    assert all(r['trainers'] == 0 and r['loaders'] == ['TfmdDL', 'TfmdDL'] for r in res)
+    assert all(r['weights'] == res[0]['weights'] for r in res)
 
 def test_batchnorm_on_cpu(tmp_path):
     "BatchNorm stays per rank on CPU, and every rank validates, and ends with, rank 0's running statistics"
