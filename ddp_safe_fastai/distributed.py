@@ -164,8 +164,10 @@ def _wrap_dl(self:DistributedTrainer, dl):
 # %% ../nbs/03_distributed.ipynb #0c9605f3
 @patch
 def after_fit(self:DistributedTrainer):
-    "fastai's: the model unwrapped where accelerate wrapped it, the loaders as they were"
-    self.learn.model,self.learn.dls.loaders = get_model(self.learn.model),self.old_dls
+    "fastai's: the model unwrapped where accelerate wrapped it, no longer marked as prepared; the loaders as they were"
+    model = get_model(self.learn.model)
+    model.__dict__.pop('_is_accelerate_prepared', None)  # unwrapped, it is the model itself: the next context's accelerator places it again
+    self.learn.model,self.learn.dls.loaders = model,self.old_dls
 
 # %% ../nbs/03_distributed.ipynb #246d8a9c
 _fastai_detach_distributed = fastai_original(Learner, 'detach_distributed')

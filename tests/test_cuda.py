@@ -1,9 +1,9 @@
 """The nccl and CUDA paths, on a machine with a GPU: a fit under torchrun (one rank per GPU), its checkpoints resumed and
-loaded onto the GPU, fastai's notebook flow. Skipped where there is no GPU: CI has none; they ran on an H100"""
+loaded onto the GPU, fastai's notebook flow, one Learner in several contexts. Skipped where there is no GPU: CI has none; they ran on an H100"""
 import pytest, torch
 from conftest import values
 from ddp_safe_fastai.launch import torchrun_ranks
-import cuda_scenarios as sc
+import cuda_scenarios as sc, distributed_scenarios as ds
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: nccl and tensors on the GPU")
 
@@ -27,3 +27,9 @@ def test_notebook_flow_on_the_gpu(tmp_path):
     [r] = values(torchrun_ranks(sc.notebook_flow, str(tmp_path), nproc=1, timeout=180, init=False))
     print(r)
     assert r['backend'] == 'nccl' and r['same'] and r['device'] == 'cuda:0'
+
+@needs_cuda
+def test_contexts_in_turn_on_the_gpu(tmp_path):
+    "One process on the GPU, one Learner fitted in three `distrib_ctx`s in turn: no trainer and no wrapped loader stays"
+    [r] = values(torchrun_ranks(ds.contexts_in_turn, str(tmp_path), nproc=1, init=False, timeout=180))
+    assert r['trainers'] == 0 and r['loaders'] == ['TfmdDL', 'TfmdDL'], r
