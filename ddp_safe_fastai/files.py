@@ -167,9 +167,8 @@ def check_room(file, # the file about to be written
     where = _existing_dir(Path(file).parent)
     try: usage = shutil.disk_usage(where)
     except OSError: return  # a directory that cannot be read fails at the write, saying so
-    free = usage.free
-    if usage.total and free < needed:
-        raise CheckpointError(f"could not write {file}: not enough room on the disk of {where}: {free:,} bytes free, "
+    if usage.total and usage.free < needed:  # ramfs counts no blocks and has room for as much as memory holds
+        raise CheckpointError(f"could not write {file}: not enough room on the disk of {where}: {usage.free:,} bytes free, "
                               f"{needed:,} needed; nothing was written, the previous file, if any, is intact")
 
 # %% ../nbs/01_files.ipynb #9a1fabe8

@@ -15,16 +15,18 @@ def save_too_large(root):
     learn.model = nn.Linear(4, 1); learn.load('m', with_opt=False)
     return dict(error=error, intact=torch.equal(learn.model.weight, small), files=sorted(p.name for p in (Path(root)/'models').iterdir()))
 
+def _opt_tensors(learn): return [v.clone() for v in learn.opt.state_dict()['state'][0].values() if isinstance(v, torch.Tensor)]
+
 def checkpoint_and_resume(root):
     "Fit 2 epochs, checkpointing each, then resume into a fresh Learner for a third: what was resumed, and whether the optimizer's state came back bit for bit"
     learn = synth_learner(path=Path(root))
     with learn.distrib_ctx(): learn.fit(2, 1e-2, cbs=CheckpointCallback(resume=False))
-    saved = [v.clone() for v in learn.opt.state_dict()['state'][0].values() if isinstance(v, torch.Tensor)]
+    saved = _opt_tensors(learn)
     again = synth_learner(path=Path(root)); resumed = []
     class Seen(Callback):
         order = CheckpointCallback.order + 1
         def before_train(self):
-            if not resumed: resumed.append(self.epoch); resumed.append([v.clone() for v in self.learn.opt.state_dict()['state'][0].values() if isinstance(v, torch.Tensor)])
+            if not resumed: resumed.extend([self.epoch, _opt_tensors(self.learn)])
     with again.distrib_ctx(): again.fit(3, 1e-2, cbs=[CheckpointCallback(), Seen()])
     same = len(saved) == len(resumed[1]) and all(torch.equal(a, b) for a,b in zip(saved, resumed[1]))
     return dict(epoch=resumed[0], same_opt=same, files=sorted(p.name for p in (Path(root)/'models'/'ckpt').iterdir()))
