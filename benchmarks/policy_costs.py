@@ -11,7 +11,7 @@ torchrun on CPU.
 `--both`: the two callbacks against a plain fit alone (the figure of the weights written once), each fit in processes of
 its own, in runs of three: plain, both, and both with the checkpoint's files written through the page cache. glibc's threshold for mapping large blocks is fixed there: left to move, it made a rank's page faults
 in one same fit anything from 0.9 to 3.8 million, and its time the same (a third of it is the kernel's)."""
-import sys, time, resource, statistics, tempfile
+import os, sys, time, resource, statistics, tempfile, threading
 from pathlib import Path
 import torch
 from torch import nn
@@ -142,15 +142,27 @@ def both_callbacks(root, reps=4, epochs=4, arms=('plain', 'checkpoint', 'both'))
         got[key][2].append(clock.end - s[0][0])
     return {k: tuple(map(statistics.median, v)) for k,v in got.items()}
 
+def thread_cpu(threads):
+    "CPU seconds (user and system, as the kernel counts them) of `threads`, Python threads of this process"
+    hz,total = os.sysconf('SC_CLK_TCK'),0.
+    for t in threads:
+        try: f = Path(f"/proc/self/task/{t.native_id}/stat").read_text().rsplit(')', 1)[1].split()
+        except (FileNotFoundError, TypeError): continue  # ended, or never started
+        total += (int(f[11]) + int(f[12]))/hz
+    return total
+
+def background_threads(): return [t for t in threading.enumerate() if t.name.startswith('ddp_safe_')]  # the writer and the copier
+
 def fresh_fit(root, arm, i, epochs=4):
-    "On each rank of new processes: the wall seconds of one fit (after a warm-up epoch, which saves nothing: the first save starts the writer thread in the fit), plain or with both callbacks ('both', or 'through': the checkpoint's files through the page cache), and the process's minor page faults in it"
+    "On each rank of new processes: the wall seconds of one fit (after a warm-up epoch, which saves nothing: the first save starts the writer thread in the fit), plain or with both callbacks ('both', or 'through': the checkpoint's files through the page cache); the process's minor page faults in it, and the CPU seconds of its main thread and of the saves' threads"
     learn,clock = model_learner(Path(root)),FitClock()
     with learn.distrib_ctx(): learn.fit(1, 1e-4)
     if arm == 'through': checkpoint_dir.atomic_torch_save = through_the_cache(checkpoint_dir.atomic_torch_save)
     cbs = [] if arm == 'plain' else both_saves(i)
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    faults,main = resource.getrusage(resource.RUSAGE_SELF).ru_minflt,thread_cpu([threading.main_thread()])
     with learn.distrib_ctx(): learn.fit(epochs, 1e-4, cbs=[*cbs, clock])
-    return clock.end - clock.starts[0][0],resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return (clock.end - clock.starts[0][0], resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
+            thread_cpu([threading.main_thread()]) - main, thread_cpu(background_threads()))
 
 _fresh_arms = ('plain', 'both', 'through')
 
@@ -178,6 +190,10 @@ def report_runs(got):
               f"{statistics.median(r[arm][0][0] for r in got)/statistics.median(plain):.3f}x")
     for arm in _fresh_arms:
         print(f"  {arm}: minor page faults in the fit, rank 0 and rank 1: " + ", ".join(f"{r[arm][0][1]}/{r[arm][1][1]}" for r in got))
+    for arm in _fresh_arms:
+        print(f"  {arm}: CPU seconds on rank 0 in the fit, median: main thread {statistics.median(r[arm][0][2] for r in got):.2f} "
+              f"(runs {min(r[arm][0][2] for r in got):.2f} to {max(r[arm][0][2] for r in got):.2f}), the saves' threads "
+              f"{statistics.median(r[arm][0][3] for r in got):.2f}")
 
 class SavesClock(Callback):
     "At each epoch's end: the wall and CPU seconds (all the process's threads) from before the first save (`start`, ordered before it) to the last write flushed"

@@ -19,7 +19,7 @@ from .checkpoint_dir import *
 from .object_store import ObjectStoreDir, check_writable
 from .files import check_room, state_bytes, is_url, local_copy_name
 from .signals import *
-from .distributed import fastai_defaults_kept
+from .distributed import fastai_defaults_kept, model_device
 with fastai_defaults_kept():
     from fastai.callback.tracker import EarlyStoppingCallback
 
@@ -193,7 +193,7 @@ class CheckpointCallback(Callback):
 
     def _restore(self, ckpt, manifest):
         "Load the checkpoint on every rank and put the Learner where it was"
-        state = _read_state(ckpt, manifest, 'resume', self.scope, load_device(self.learn, None))
+        state = _read_state(ckpt, manifest, 'resume', self.scope, model_device(self.learn.model))  # placed by now: the callback is the last
         rng = rng_state_for(load_state(ckpt/'rng.pth', 'cpu', what='resume', scope=self.scope), rank_distrib())
         apply_state(self.learn, state, rng, what=f"resume {ckpt}")
         if state['done']: self.within = (state, rng)

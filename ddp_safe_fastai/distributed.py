@@ -16,7 +16,8 @@ from fastai.learner import defaults, Learner
 from .core import *
 
 # %% auto #0
-__all__ = ['fastai_defaults_kept', 'fastai_original', 'rebind_fastai', 'when_imported', 'deal', 'setup_distrib', 'rank0_first']
+__all__ = ['fastai_defaults_kept', 'fastai_original', 'rebind_fastai', 'when_imported', 'model_device', 'deal', 'setup_distrib',
+           'rank0_first']
 
 # %% ../nbs/03_distributed.ipynb #8646cfc6
 _progress = 'fastai.callback.progress'
@@ -149,19 +150,21 @@ def after_iter(self:DistributedDL):
     if hasattr(self.dl, 'it'): del self.dl.it
 
 # %% ../nbs/03_distributed.ipynb #26a85820
-_fastai_wrap_dl,_fastai_trainer_after_fit = fastai_original(DistributedTrainer, '_wrap_dl'),fastai_original(DistributedTrainer, 'after_fit')
-
-def _model_device(model):
-    "Where `model`'s parameters are: DDP names it, a module that accelerate did not wrap does not"
+def model_device(model):
+    "The device of `model`'s parameters: DDP's `device`, else its first parameter's (the CPU for a model without any)"
     return getattr(model, 'device', None) or next((p.device for p in model.parameters()), torch.device('cpu'))
 
 # %% ../nbs/03_distributed.ipynb #71bbd8d6
+_trainer_wrap_dl = fastai_original(DistributedTrainer, '_wrap_dl')
+
 @patch
 def _wrap_dl(self:DistributedTrainer, dl):
     "fastai's: `dl` as a `DistributedDL` on the model's device, the model wrapped in DDP or not"
-    return dl if isinstance(dl, DistributedDL) else DistributedDL(dl, device=_model_device(self.learn.model))
+    return dl if isinstance(dl, DistributedDL) else DistributedDL(dl, device=model_device(self.learn.model))
 
 # %% ../nbs/03_distributed.ipynb #0c9605f3
+_trainer_after_fit = fastai_original(DistributedTrainer, 'after_fit')
+
 @patch
 def after_fit(self:DistributedTrainer):
     "fastai's: the model unwrapped where accelerate wrapped it, no longer marked as prepared; the loaders as they were"
@@ -174,7 +177,7 @@ _fastai_detach_distributed = fastai_original(Learner, 'detach_distributed')
 
 @patch
 def detach_distributed(self:Learner):
-    "fastai's; in a run of one process too, where fastai's kept the `DistributedTrainer`"
+    "fastai's; with no distributed run or one process too, where fastai's kept the `DistributedTrainer`"
     if num_distrib() <= 1: self.remove_cb(DistributedTrainer)  # one process is rank 0: no progress bar to put back
     return _fastai_detach_distributed(self)
 
