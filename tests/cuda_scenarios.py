@@ -54,7 +54,7 @@ def fit_resume_load(root, group):
                 pinned=background_saves.host_tensor(torch.ones(3, device='cuda')).is_pinned())
 
 def notebook_flow(root):
-    "fastai's notebook flow on the GPU: `distrib_ctx(in_notebook=True)` makes the nccl group and ends it; a save and load after it"
+    "fastai's notebook flow on the GPU: `distrib_ctx(in_notebook=True)` and the nccl group it needs; a save and load after the context"
     learn = _gpu_learner(root)
     with learn.distrib_ctx(in_notebook=True):
         learn.fit(1, 1e-2)
