@@ -154,15 +154,15 @@ def thread_cpu(threads):
 def background_threads(): return [t for t in threading.enumerate() if t.name.startswith('ddp_safe_')]  # the writer and the copier
 
 def fresh_fit(root, arm, i, epochs=4):
-    "On each rank of new processes: the wall seconds of one fit (after a warm-up epoch, which saves nothing: the first save starts the writer thread in the fit), plain or with both callbacks ('both', or 'through': the checkpoint's files through the page cache); the process's minor page faults in it, and the CPU seconds of its main thread and of the saves' threads"
+    "On each rank of new processes: the wall seconds of one fit (after a warm-up epoch, which saves nothing: the first save starts the writer thread in the fit), plain or with both callbacks ('both', or 'through': the checkpoint's files through the page cache); the process's minor page faults in it, and the CPU seconds of the thread that trains and of the saves' threads"
     learn,clock = model_learner(Path(root)),FitClock()
     with learn.distrib_ctx(): learn.fit(1, 1e-4)
     if arm == 'through': checkpoint_dir.atomic_torch_save = through_the_cache(checkpoint_dir.atomic_torch_save)
     cbs = [] if arm == 'plain' else both_saves(i)
-    faults,main = resource.getrusage(resource.RUSAGE_SELF).ru_minflt,thread_cpu([threading.main_thread()])
+    faults,main = resource.getrusage(resource.RUSAGE_SELF).ru_minflt,time.thread_time()  # the fit runs in this thread
     with learn.distrib_ctx(): learn.fit(epochs, 1e-4, cbs=[*cbs, clock])
     return (clock.end - clock.starts[0][0], resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
-            thread_cpu([threading.main_thread()]) - main, thread_cpu(background_threads()))
+            time.thread_time() - main, thread_cpu(background_threads()))
 
 _fresh_arms = ('plain', 'both', 'through')
 
@@ -184,10 +184,9 @@ def report_runs(got):
     plain = [r['plain'][0][0] for r in got]
     print(f"both callbacks against a plain fit, {len(got)} runs of three fits, each in new processes; the plain fit itself {min(plain):.2f} to {max(plain):.2f} s")
     for arm,what in (('both', 'the checkpoint around the page cache'), ('through', 'the checkpoint through the page cache')):
-        ratios = [r[arm][0][0]/r['plain'][0][0] for r in got]
+        ratios,fit,plain_fit = [r[arm][0][0]/r['plain'][0][0] for r in got],statistics.median(r[arm][0][0] for r in got),statistics.median(plain)
         print(f"  {what}: median {statistics.median(ratios):.3f}x (runs: {', '.join(f'{x:.3f}' for x in ratios)}); median fit "
-              f"{statistics.median(r[arm][0][0] for r in got):.2f} s against {statistics.median(plain):.2f} s: "
-              f"{statistics.median(r[arm][0][0] for r in got)/statistics.median(plain):.3f}x")
+              f"{fit:.2f} s against {plain_fit:.2f} s: {fit/plain_fit:.3f}x")
     for arm in _fresh_arms:
         print(f"  {arm}: minor page faults in the fit, rank 0 and rank 1: " + ", ".join(f"{r[arm][0][1]}/{r[arm][1][1]}" for r in got))
     for arm in _fresh_arms:

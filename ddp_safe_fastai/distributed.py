@@ -11,7 +11,7 @@ import torch, torch.distributed as dist
 from torch import nn
 from fastcore.basics import *
 import fastai.torch_core
-from fastai.torch_core import LongTensor, get_model
+from fastai.torch_core import LongTensor, get_model, one_param
 from fastai.learner import defaults, Learner
 from .core import *
 
@@ -151,8 +151,9 @@ def after_iter(self:DistributedDL):
 
 # %% ../nbs/03_distributed.ipynb #26a85820
 def model_device(model):
-    "The device of `model`'s parameters: DDP's `device`, else its first parameter's (the CPU for a model without any)"
-    return getattr(model, 'device', None) or next((p.device for p in model.parameters()), torch.device('cpu'))
+    "The device of `model`'s parameters (fastai's `one_param`: DDP's are its module's), the CPU for a model without any"
+    p = one_param(model)
+    return p.device if p is not None else torch.device('cpu')
 
 # %% ../nbs/03_distributed.ipynb #71bbd8d6
 _trainer_wrap_dl = fastai_original(DistributedTrainer, '_wrap_dl')

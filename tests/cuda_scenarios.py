@@ -15,7 +15,7 @@ def _gpu_learner(root):
     learn.dls.device = torch.device('cuda', 0)
     return learn
 
-def _opt_tensors(learn): return [v for s in learn.opt.state_dict()['state'] for v in s.values() if isinstance(v, torch.Tensor)]
+def _opt_tensors(learn): return list(tensors_in(learn.opt.state_dict()['state']))
 
 class Seen(Callback):
     "What the fit looked like from inside: the backend, the model's wrapping and device; at the first batch, the optimizer's state and the CUDA random state"

@@ -15,7 +15,7 @@ def save_too_large(root):
     learn.model = nn.Linear(4, 1); learn.load('m', with_opt=False)
     return dict(error=error, intact=torch.equal(learn.model.weight, small), files=sorted(p.name for p in (Path(root)/'models').iterdir()))
 
-def _opt_tensors(learn): return [v.clone() for v in learn.opt.state_dict()['state'][0].values() if isinstance(v, torch.Tensor)]
+def _opt_tensors(learn): return [t.clone() for t in tensors_in(learn.opt.state_dict()['state'])]
 
 def checkpoint_and_resume(root):
     "Fit 2 epochs, checkpointing each, then resume into a fresh Learner for a third: what was resumed, and whether the optimizer's state came back bit for bit"
