@@ -159,8 +159,9 @@ def _torchrun_main(call):
     f = importlib.import_module(mod)
     for n in name.split('.'): f = getattr(f, n)
     if init: dist.init_process_group('gloo', timeout=timedelta(seconds=120))
-    # this file runs as `__main__` here: record through the module, so that `Outcome` unpickles in the parent
-    o = importlib.import_module('ddp_safe_fastai.launch')._record(Path(call).parent, int(os.environ['RANK']), f, *args)
+    # this file runs as `__main__` here: record through the module, so that `Outcome` unpickles in the parent;
+    # a `launcher` of plain Python (`[sys.executable]`) starts one process with no rank: it is rank 0
+    o = importlib.import_module('ddp_safe_fastai.launch')._record(Path(call).parent, int(os.environ.get('RANK', 0)), f, *args)
     if not o.ok and os.environ.get('DDP_SAFE_LAUNCH_ELASTIC'): os._exit(1)  # a failed rank: torchrun restarts the ranks
     if dist.is_initialized(): dist.destroy_process_group()
 

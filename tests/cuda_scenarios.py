@@ -62,3 +62,18 @@ def notebook_flow(root):
     w = learn.model[0].weight.detach().clone()
     learn.save('after'); learn.model[0].weight.data.zero_(); learn.load('after')
     return dict(backend=backend, group_after=dist.is_initialized(), same=torch.equal(w, learn.model[0].weight), device=str(w.device))
+
+def fit_alone(root):
+    """One GPU, no launcher and no process group: a plain `learn.fit` with both callbacks, resumed into a fresh Learner,
+    the best checkpoint loaded (where a load goes is then the dls' device, not a rank's)"""
+    learn = _gpu_learner(root)
+    learn.fit(2, 1e-2, cbs=[SafeSaveModelCallback(), CheckpointCallback(resume=False, keep_best=1)])
+    saved = [t.clone() for t in _opt_tensors(learn)]
+    again,second = _gpu_learner(root),Seen()
+    again.fit(3, 1e-2, cbs=[SafeSaveModelCallback(), CheckpointCallback(), second])
+    best = _gpu_learner(root); best.create_opt()
+    name = best.load_checkpoint(best=True, with_opt=True); best.fit(1, 1e-2)
+    return dict(group=dist.is_initialized(), device=second.seen['device'], resumed_epoch=second.seen['epoch'],
+                same_opt=len(saved) == len(second.seen['opt']) > 0 and all(torch.equal(a, b) for a,b in zip(saved, second.seen['opt'])),
+                opt_devices=sorted({str(t.device) for t in second.seen['opt']}), best=name,
+                best_devices=sorted({str(t.device) for t in [*best.model.parameters(), *_opt_tensors(best)]}))

@@ -1,6 +1,6 @@
 """The nccl and CUDA paths, on a machine with a GPU: a fit under torchrun (one rank per GPU), its checkpoints resumed and
 loaded onto the GPU, fastai's notebook flow, one Learner in several contexts. Skipped where there is no GPU (CI has none)"""
-import pytest, torch
+import sys, pytest, torch
 from conftest import values
 from ddp_safe_fastai.launch import torchrun_ranks
 import cuda_scenarios as sc, distributed_scenarios as ds
@@ -20,6 +20,15 @@ def test_fit_resume_and_load_on_the_gpu(group, tmp_path):
     assert r['best'].startswith('epoch') and r['best_opt_devices'] == ['cuda:0']
     assert r['stale_device_load'] == ['cuda:0']
     assert r['broadcast'] == b'ddp_safe' and r['pinned']
+
+@needs_cuda
+def test_fit_alone_on_the_gpu(tmp_path):
+    "A plain `learn.fit` on one GPU, started by `python` (no launcher, no group): checkpoints resume and load onto the GPU"
+    [r] = values(torchrun_ranks(sc.fit_alone, str(tmp_path), nproc=1, timeout=180, init=False, launcher=[sys.executable]))
+    print(r)
+    assert not r['group'] and r['device'] == 'cuda:0' and r['resumed_epoch'] == 2
+    assert r['same_opt'] and r['opt_devices'] == ['cuda:0']
+    assert r['best'].startswith('epoch') and r['best_devices'] == ['cuda:0']
 
 @needs_cuda
 def test_notebook_flow_on_the_gpu(tmp_path):
