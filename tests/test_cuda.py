@@ -1,5 +1,6 @@
-"""The nccl and CUDA paths, on a machine with a GPU: a fit under torchrun (one rank per GPU), its checkpoints resumed and
-loaded onto the GPU, fastai's notebook flow, one Learner in several contexts. Skipped where there is no GPU (CI has none)"""
+"""The nccl and CUDA paths, on a machine with a GPU: a fit under torchrun (one rank per GPU) and one by a plain `python`,
+their checkpoints resumed and loaded onto the GPU, fastai's notebook flow, one Learner in several contexts. Skipped where
+there is no GPU (CI has none)"""
 import sys, pytest, torch
 from conftest import values
 from ddp_safe_fastai.launch import torchrun_ranks
