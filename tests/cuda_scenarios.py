@@ -16,6 +16,8 @@ def _gpu_learner(root):
     return learn
 
 def _opt_tensors(learn): return list(tensors_in(learn.opt.state_dict()['state']))
+def _same(a, b): return len(a) == len(b) > 0 and all(torch.equal(x, y) for x,y in zip(a, b))  # bit for bit; none proves nothing
+def _devices(tensors): return sorted({str(t.device) for t in tensors})
 
 class Seen(Callback):
     "What the fit looked like from inside: the backend, the model's wrapping and device; at the first batch, the optimizer's state and the CUDA random state"
@@ -42,14 +44,13 @@ def fit_resume_load(root, group):
     resumed = second.seen
     best = _gpu_learner(root); best.create_opt()
     with best.distrib_ctx(): name = best.load_checkpoint(best=True, with_opt=True); best.fit(1, 1e-2)  # a step with the loaded state
-    best_opt = sorted({str(t.device) for t in _opt_tensors(best)})
+    best_opt = _devices(_opt_tensors(best))
     best.save('m'); best.dls.device = torch.device('cuda', 1); best.load('m')  # dls of a GPU this machine lacks
     return dict(first={k: v for k,v in first.seen.items() if k not in ('opt', 'cuda_rng')}, resumed_epoch=resumed['epoch'],
-                same_opt=len(saved) == len(resumed['opt']) > 0 and all(torch.equal(a, b) for a,b in zip(saved, resumed['opt'])),
-                opt_devices=sorted({str(t.device) for t in resumed['opt']}), same_cuda_rng=torch.equal(first.seen['cuda_rng_end'], resumed['cuda_rng']),
+                same_opt=_same(saved, resumed['opt']), opt_devices=_devices(resumed['opt']), same_cuda_rng=torch.equal(first.seen['cuda_rng_end'], resumed['cuda_rng']),
                 resumed_losses=[float(v[0]) for v in again.recorder.values], best=name,
                 best_opt_devices=best_opt,
-                stale_device_load=sorted({str(t.device) for t in [*best.model.parameters(), *_opt_tensors(best)]}),
+                stale_device_load=_devices([*best.model.parameters(), *_opt_tensors(best)]),
                 broadcast=_broadcast_bytes(b'ddp_safe') if dist.is_initialized() else None,
                 pinned=background_saves.host_tensor(torch.ones(3, device='cuda')).is_pinned())
 
@@ -74,6 +75,5 @@ def fit_alone(root):
     best = _gpu_learner(root); best.create_opt()
     name = best.load_checkpoint(best=True, with_opt=True); best.fit(1, 1e-2)
     return dict(group=dist.is_initialized(), device=second.seen['device'], resumed_epoch=second.seen['epoch'],
-                same_opt=len(saved) == len(second.seen['opt']) > 0 and all(torch.equal(a, b) for a,b in zip(saved, second.seen['opt'])),
-                opt_devices=sorted({str(t.device) for t in second.seen['opt']}), best=name,
-                best_devices=sorted({str(t.device) for t in [*best.model.parameters(), *_opt_tensors(best)]}))
+                same_opt=_same(saved, second.seen['opt']), opt_devices=_devices(second.seen['opt']), best=name,
+                best_devices=_devices([*best.model.parameters(), *_opt_tensors(best)]))
