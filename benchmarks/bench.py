@@ -7,7 +7,7 @@ import torch, torch.distributed as dist
 from fastai.basics import *
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.persist import flush_saves, wait_for_copies
-from ddp_safe_fastai.learner import step_tensors
+from ddp_safe_fastai.learner import step_tensors, save_learner
 from ddp_safe_fastai.testing import synth_learner, torchrun_ranks
 
 MB = 2**20
@@ -93,7 +93,7 @@ def without_crc32s(f):
 
 def checksum_costs(size=128*MB, reps=5):
     "Seconds to checksum a checkpoint file as a manifest does: CRC-32 (format 2) and sha256 (format 1)"
-    from ddp_safe_fastai.checkpoint_dir import checksum
+    from ddp_safe_fastai.checksums import checksum
     with tempfile.TemporaryDirectory() as d:
         f = Path(d)/'state.pth'; f.write_bytes(os.urandom(size))
         return dict(size_mb=size/MB, **{k: timed(lambda: checksum(f, k), reps) for k in ('crc32', 'sha256')})
@@ -105,7 +105,7 @@ def async_stall(size=200*MB, reps=5, batch=0.1):
         later = step_tensors(learn.model, learn.opt)
         def stall(**kw):
             flush_saves()
-            t = time.perf_counter(); learn.save('m', with_opt=False, **kw); waited = time.perf_counter() - t
+            t = time.perf_counter(); save_learner(learn, 'm', with_opt=False, **kw); waited = time.perf_counter() - t  # as the callbacks save
             if kw.get('later'):
                 time.sleep(batch)  # the next batch's forward and backward passes: on a GPU the CPU is free meanwhile
                 t = time.perf_counter(); wait_for_copies(); waited += time.perf_counter() - t  # before the step

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from torch.distributed import TCPStore
-from ddp_safe_fastai.core import meet, _to_delete
+from ddp_safe_fastai.store_gather import meet, key_cleanup
 
 def all_to_all(store, meeting, r, n, data, timeout=120):
     "The previous meeting: every rank waits for and reads every rank's key, then says it has read"
@@ -45,7 +45,7 @@ def per_meeting(protocol, n, reps):
         for t in ts: t.join()
         times.append(time.perf_counter() - t0)
         assert done == [n]*n
-    _to_delete.join() # rank 0's removals, done in the background while the next meetings ran, before the store goes
+    key_cleanup.join() # rank 0's removals, done in the background while the next meetings ran, before the store goes
     return min(times)
 
 if __name__ == '__main__':

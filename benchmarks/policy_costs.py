@@ -39,7 +39,7 @@ def room_check(d, mb=50, reps=20):
 
 def checksums_and_comparison(d, reps=7):
     "Seconds of the manifest's checksums of a checkpoint (150 MB): each file read into new memory chunk by chunk, into one reused buffer, and from the CRC-32s torch recorded (`manifest_checksum`, nothing read again); and of the comparison of the best model's weights (50 MB) with a checkpoint's, byte by byte and 8 bytes at a time"
-    from ddp_safe_fastai.checkpoint_dir import checksum, manifest_checksum, _checksums
+    from ddp_safe_fastai.checksums import checksum, manifest_checksum, checksum_types
     from ddp_safe_fastai.files import _alike
     torch.set_num_threads(1)  # as on a rank under torchrun
     files = [Path(d)/'state.pth', Path(d)/'model.pth']
@@ -47,7 +47,7 @@ def checksums_and_comparison(d, reps=7):
     atomic_torch_save({k: torch.randn(2*v.numel()) for k,v in weights.items()}, files[0])  # as Adam's two moments
     atomic_torch_save(weights, files[1])
     def new_chunks(path, chunk=2**24):  # each chunk read into memory of its own
-        h = _checksums['crc32']()
+        h = checksum_types['crc32']()
         with open(path, 'rb') as f:
             while b := f.read(chunk): h.update(b)
         return h.hexdigest()

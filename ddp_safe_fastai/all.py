@@ -6,20 +6,34 @@
 __all__ = []
 
 # %% ../nbs/99_all.ipynb #6d42282d
-from . import core, files, persist, distributed, learner, text, writers, callback, train_state, checkpoint_dir, object_store, signals, checkpoint
+from . import errors, ranks, store_gather, rendezvous, core, files, checksums, written, transport, fastai_imports, matching, background, directories, reads, persist, resume, train_state, checkpoint_dir, object_store, distributed, learner, loops, text, writers, patches, signals, callback, checkpoint
+from .errors import *
+from .ranks import *
+from .store_gather import *
+from .rendezvous import *
 from .core import *
 from .files import *
+from .checksums import *
+from .written import *
+from .transport import *
+from .fastai_imports import *
+from .matching import *
+from .background import *
+from .directories import *
+from .reads import *
 from .persist import *
-from .distributed import *
-from .learner import *
-from .text import *
-from .writers import *
-from .callback import *
+from .resume import *
 from .train_state import *
 from .checkpoint_dir import *
 from .object_store import *
+from .distributed import *
+from .learner import *
+from .loops import *
+from .text import *
+from .writers import *
+from .patches import *
 from .signals import *
+from .callback import *
 from .checkpoint import *
 
-__all__ = [*core.__all__, *files.__all__, *persist.__all__, *distributed.__all__, *learner.__all__, *text.__all__, *writers.__all__, *callback.__all__,
-           *train_state.__all__, *checkpoint_dir.__all__, *object_store.__all__, *signals.__all__, *checkpoint.__all__]
+__all__ = list(dict.fromkeys(n for m in (errors, ranks, store_gather, rendezvous, core, files, checksums, written, transport, fastai_imports, matching, background, directories, reads, persist, resume, train_state, checkpoint_dir, object_store, distributed, learner, loops, text, writers, patches, signals, callback, checkpoint) for n in m.__all__))

@@ -8,13 +8,14 @@ import sys, ast, inspect, importlib
 from pathlib import Path
 from typing import NamedTuple
 from fastcore.basics import ifnone
-from .distributed import fastai_defaults_kept
+from .fastai_imports import fastai_defaults_kept
+from .patches import fastai_patches
 
 # %% auto #0
 __all__ = ['fastai_changes', 'MAIN', 'ONCE', 'MEMORY', 'SAFE', 'LEFT', 'fastai_writers', 'process_changes', 'Change',
-           'fastai_object', 'importable', 'fastai_version_of', 'current', 'unlisted_changes', 'writer_calls', 'Writer',
-           'unlisted_writers', 'census_table', 'ProcessChange', 'library_changes', 'fastai_attributes',
-           'unlisted_process_changes']
+           'fastai_object', 'importable', 'fastai_version_of', 'current', 'unlisted_changes', 'changes_outside_patches',
+           'writer_calls', 'Writer', 'unlisted_writers', 'census_table', 'ProcessChange', 'library_changes',
+           'fastai_attributes', 'unlisted_process_changes']
 
 # %% ../nbs/95_changes.ipynb #258c9403
 class Change(NamedTuple):
@@ -47,7 +48,7 @@ fastai_changes = [
     *_rows('distributed', 'fastai.distributed', 'setup_distrib', "joins the launcher's group: gloo on CPU, this node's GPU on CUDA",
            "the notebook flow failed without CUDA, and took the GPU by global rank"),
     *_rows('distributed', 'fastai.distributed', 'rank0_first', "rank 0 first, then the others, each process acting alone",
-           "a meeting inside `func` waited for ranks held in fastai's barrier"),
+           "an all-gather inside `func` waited for ranks held in fastai's barrier"),
     *_rows('learner', 'fastai.learner.Learner', 'save export', "one writer, whole files, the outcome raised on every rank",
            "every rank wrote the same file"),
     *_rows('learner', 'fastai.learner.Learner', 'load', "every rank reads once the writer is done, onto its own device",
@@ -77,12 +78,12 @@ fastai_changes = [
            "every rank downloaded again, removing the tree a rank done before it was reading"),
     *_rows('writers', 'fastai.vision.utils', 'download_images resize_images', "once per disk; the other ranks wait",
            "every rank downloaded every image, and rewrote the images others read"),
-    *_rows('train_state', 'fastai.learner.Learner', '_do_fit all_batches', "start at the epoch and batch a checkpoint resumes at; "
+    *_rows('loops', 'fastai.learner.Learner', '_do_fit all_batches', "start at the epoch and batch a checkpoint resumes at; "
            "the callbacks' `after_fit_raised` hear of an exception that ends the fit",
            "fastai always starts a fit at epoch 0, batch 0"),
-    *_rows('train_state', 'fastai.data.load.DataLoader', 'sample', "put back the random states a resumed epoch had, once the pass drew its seed",
+    *_rows('loops', 'fastai.data.load.DataLoader', 'sample', "put back the random states a resumed epoch had, once the pass drew its seed",
            "a resumed epoch drew other dropout masks and augmentations than the run it continues"),
-    *_rows('checkpoint', 'fastai.learner.Learner', 'load_checkpoint', "added: a `CheckpointCallback`'s newest or best checkpoint, loaded on every rank",
+    *_rows('learner', 'fastai.learner.Learner', 'load_checkpoint', "added: a `CheckpointCallback`'s newest or best checkpoint, loaded on every rank",
            "fastai has no directory of checkpoints to load the best one from"),
 ]
 
@@ -128,6 +129,15 @@ def unlisted_changes():
             if isinstance(v, type) and v.__module__ == mname: found |= {(f"{mname}.{v.__qualname__}", a) for a,f in vars(v).items() if _ours(f)}
             elif _ours(v) and k not in rebound: found.add((mname, k))
     return sorted(found - listed)
+
+# %% ../nbs/95_changes.ipynb #cb8f9654
+def changes_outside_patches():
+    "The listed changes not made by the module of `patches` they name (a class's new attribute defined there; a module's name rebound from there)"
+    homes = {m.__name__ for m in fastai_patches}
+    def made_there(c):
+        home = f"ddp_safe_fastai.{c.module}"
+        return home in homes and (inspect.ismodule(fastai_object(c.owner)) or getattr(current(c), '__module__', None) == home)
+    return sorted((c.owner, c.name) for c in fastai_changes if importable(c) and not made_there(c))
 
 # %% ../nbs/95_changes.ipynb #b3384546
 def _writes_mode(mode):
@@ -289,40 +299,43 @@ _launch_env = "`torchrun`, `accelerate` and fastai read the rank from the enviro
 process_changes = [
     *_prows('import hook', 'sys.meta_path', '_AfterImport', "runs the library's changes to a fastai module right after its first import "
             "(`when_imported`: `fastai.vision.utils`), through the `exec_module` of that module's loader",
-            "a fastai module that needs an optional package is changed when the user imports it, not imported by the library", 'distributed:<module>'),
+            "a fastai module that needs an optional package is changed when the user imports it, not imported by the library", 'fastai_imports:when_imported'),
     *_prows('import hook', 'sys.meta_path', '_SetAside', "gives back the progress module `fastai_defaults_kept` set aside when the user "
             "imports it, and adds its `ProgressCallback` to `defaults.callbacks` as fastai's import does",
-            "the user's own `import fastai.callback.progress` must act as without the library", 'distributed:<module>'),
+            "the user's own `import fastai.callback.progress` must act as without the library", 'fastai_imports:fastai_defaults_kept'),
     *_prows('sys.modules', 'sys.modules', 'fastai.callback.progress', "taken out again (held by `_SetAside`) when a fastai module the library "
             "imports imported it and the user had not", "importing it adds `ProgressCallback` to every `Learner`: `import ddp_safe_fastai` "
-            "would have shown progress bars a script did not ask for", 'distributed:fastai_defaults_kept'),
+            "would have shown progress bars a script did not ask for", 'fastai_imports:fastai_defaults_kept'),
     *_prows('fastai defaults', 'defaults.callbacks', 'fastai.learner.defaults.callbacks', "kept as it was across the library's imports of fastai "
             "modules; `ProgressCallback` added when the user imports its module", "as `fastai.callback.progress`",
-            'distributed:fastai_defaults_kept distributed:_SetAside.exec_module'),
+            'fastai_imports:fastai_defaults_kept fastai_imports:_SetAside.exec_module'),
     *_prows('environment', 'os.environ', 'RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE', "set where unset, from the process group, once there is one",
-            _launch_env, 'core:share_launch_env'),
+            _launch_env, 'rendezvous:share_launch_env'),
     *_prows('environment', 'os.environ', 'MASTER_ADDR MASTER_PORT', "set where unset in a SLURM step started without torchrun: the step's "
             "first host, and port 15000 plus the job id's last four digits", "`init_process_group('env://')` reads them; `srun` sets neither",
-            'core:_rendezvous'),
+            'rendezvous:_rendezvous'),
     *_prows('environment', 'os.environ', 'RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT',
             "removed in each rank `spawn_ranks` starts, before the caller's `env` is written", "a rank `mp.spawn` starts has no launcher's "
-            "environment: the parent's (a test run under torchrun) would name other ranks", 'launch:_spawned'),
+            "environment: the parent's (a test run under torchrun) would name other ranks", 'launch:_spawned launch:_pool_spawned'),
+    *_prows('environment', 'os.environ', 'MASTER_PORT', "in each process a `RankPool` forks for a function under torchrun, with the "
+            "caller's `env`: the store of that function's processes, which the pool hosts", "the agent's store outlives the functions "
+            "run before: a function's processes would read the keys of another's", 'launch:_run_job'),
     *_prows('threads', 'torch.set_num_threads', 'num_threads', "in each rank `spawn_ranks` starts: its threads, 1 unless `OMP_NUM_THREADS` says",
-            "as torchrun does: ranks on one machine share its cores", 'launch:_spawned'),
+            "as torchrun does: ranks on one machine share its cores", 'launch:_spawned launch:_pool_spawned'),
     *_prows('attribute added', "each owner of a replaced attribute of `fastai_changes`", '_fastai_<name>',
             "fastai's own version, kept beside the library's (`fastai_original`)", "the library's version calls it, and the tests pin its "
-            "source: a fastai release that changes it is noticed", 'distributed:fastai_original'),
+            "source: a fastai release that changes it is noticed", 'fastai_imports:fastai_original'),
     *_prows('runtime attribute', 'fastai.learner.Learner', 'resume_point', "the `ResumePoint` of a resumed fit (its epoch; inside it, "
             "the batch, what the ranks trained on, the random states): given in `before_fit`, taken by the loops, removed as the fit's "
             "epoch loop ends (`resuming`)", "fastai's loops start at epoch 0 and batch 0 and have no argument for another",
-            'train_state:apply_state checkpoint:CheckpointCallback._resume train_state:resuming'),
+            'train_state:apply_state checkpoint:CheckpointCallback._resume resume:resuming'),
     *_prows('runtime attribute', 'fastai.data.load.DataLoader', 'resume_rng', "the random states a resumed epoch had: set for its training "
             "pass alone (`ResumePoint.training_pass`), popped by `DataLoader.sample`", "put back before the pass drew its seed, they would be drawn over",
-            'train_state:ResumePoint.training_pass train_state:DataLoader.sample'),
+            'resume:ResumePoint.training_pass loops:DataLoader.sample'),
     *_prows('runtime attribute', 'fastai.data.load.DataLoader', 'get_idxs', "an instance's own, over the class's for one pass, deleted once "
             "used, and gone when the block ends: the order drawn as usual less what the ranks trained on (`resume_pass`); an order drawn already (`text`)",
             "`DistributedDL` and fastai's loop call the loader's `get_idxs`: there is no argument to give an order",
-            'train_state:resume_pass train_state:resume_pass.get_idxs text:_drawn'),
+            'resume:resume_pass resume:resume_pass.get_idxs text:_drawn'),
     *_prows('runtime attribute', 'fastai.distributed.DistributedTrainer', 'bn_per_rank', "`sync_bn` asked for on CPU: `before_fit` says "
             "once that BatchNorm stays per rank", "`SyncBatchNorm` needs CUDA", 'distributed:DistributedTrainer.__init__'),
     *_prows('runtime attribute', 'fastai.callback.schedule.LRFinder', 'saved', "under DDP, the model and optimizer saved into memory by "
@@ -335,11 +348,11 @@ process_changes = [
             "a write past the file size limit fails with EFBIG, as on a full disk, instead of killing the process", 'check:_file_size_limit'),
     *_prows('resource limit', 'resource.setrlimit', 'RLIMIT_FSIZE', "half the checkpoint's size, inside `check`'s full-disk case only, then given back",
             "as `SIGXFSZ`", 'check:_file_size_limit'),
-    *_prows('exit hook', 'atexit.register', 'core._stop_deleting', "waits up to 10 s for the thread removing old meeting keys",
-            "a thread still inside the store's C++ code as the interpreter ends aborts the process", 'core:_stop_deleting'),
-    *_prows('exit hook', 'atexit.register', 'persist.SaveMatching.at_exit', "publishes what is left to publish of its saves' outcomes and, "
+    *_prows('exit hook', 'atexit.register', 'store_gather.KeyCleanup.stop', "waits up to 10 s for the thread removing old all-gathers' keys",
+            "a thread still inside the store's C++ code as the interpreter ends aborts the process", 'store_gather:<module>'),
+    *_prows('exit hook', 'atexit.register', 'matching.SaveMatching.at_exit', "sets in the store what it has not yet of its saves' outcomes and, "
             "where the store lives in this process, waits a while for the ranks that read them",
-            "a rank that ends first would take with it the outcomes the other ranks wait for", 'persist:<module>'),
+            "a rank that ends first would take with it the outcomes the other ranks wait for", 'matching:<module>'),
 ]
 
 # %% ../nbs/95_changes.ipynb #d623abc2

@@ -14,6 +14,7 @@ from .core import *
 from .files import *
 from .persist import *
 from .checkpoint_dir import checkpoints_report
+from .storage import destination
 from .object_store import ObjectStoreDir
 from .launch import spawn_ranks, RanksStalled
 
@@ -404,14 +405,15 @@ def _dir_main(a):
 
 # %% ../nbs/60_check.ipynb #33c7eaf9
 def _inspect_main(a):
-    if is_url(a.path):  # a bucket's checkpoints, as `CheckpointCallback(fname=URL)` uploads them
+    local,url = destination(a.path, '.')
+    if url:  # a bucket's checkpoints, as `CheckpointCallback(fname=URL)` uploads them
         try:
-            store = ObjectStoreDir(a.path)
+            store = ObjectStoreDir(url)
             if not store.exists(): print(f"{a.path}: nothing there (no such bucket, container or prefix)"); return 2
             print(store.report()); return 0
         except Exception as e: print(f"{a.path}: {describe(e)}"); return 2
-    print(checkpoints_report(a.path))
-    return 0 if Path(a.path).is_dir() else 2
+    print(checkpoints_report(local))
+    return 0 if local.is_dir() else 2
 
 # %% ../nbs/60_check.ipynb #b8f84cff
 def main(argv=None): # the arguments (default: the command line's)

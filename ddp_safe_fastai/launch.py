@@ -4,14 +4,14 @@
 
 # %% ../nbs/55_launch.ipynb #45ae56ba
 from __future__ import annotations
-import os, sys, time, pickle, signal, socket, tempfile, subprocess, traceback, importlib
+import os, sys, time, atexit, shutil, threading, pickle, signal, socket, tempfile, itertools, subprocess, traceback, importlib
 from datetime import timedelta
 from pathlib import Path
 import torch, torch.distributed as dist, torch.multiprocessing as mp
 from fastcore.basics import *
 
 # %% auto #0
-__all__ = ['Outcome', 'RanksStalled', 'free_port', 'spawn_ranks', 'kill_tree', 'torchrun_ranks']
+__all__ = ['Outcome', 'RanksStalled', 'free_port', 'spawn_ranks', 'kill_tree', 'torchrun_ranks', 'RankPool']
 
 # %% ../nbs/55_launch.ipynb #2c34777d
 class Outcome:
@@ -165,5 +165,103 @@ def _torchrun_main(call):
     if not o.ok and os.environ.get('DDP_SAFE_LAUNCH_ELASTIC'): os._exit(1)  # a failed rank: torchrun restarts the ranks
     if dist.is_initialized(): dist.destroy_process_group()
 
+# %% ../nbs/55_launch.ipynb #0931d866
+def _serve(pool, rank, warm):
+    "A rank of a `RankPool`: import `warm`, then fork a process for each job in turn; in that process, return (the job's folder, what to run)"
+    for m in warm: importlib.import_module(m)
+    for n in itertools.count(1):
+        job = Path(pool)/f'job{n}'
+        while not (job/'spec.pickle').exists():
+            if (Path(pool)/'stop').exists(): os._exit(0)
+            time.sleep(0.005)
+        pid = os.fork()
+        if pid == 0: return job, pickle.loads((job/'spec.pickle').read_bytes())  # the job's own process
+        (job/f'pid.{rank}').write_text(str(pid))
+        os.waitpid(pid, 0)
+        (job/f'done.{rank}').touch()
+
+# %% ../nbs/55_launch.ipynb #74535f12
+def _run_job(job, spec, rank, world, torchrun):
+    "In the process forked for a job: its output to the job's folder, a process group of its own, the function; then exit as a rank does"
+    mod,name,args,init,env,port = spec
+    with open(job/f'log.{rank}', 'w') as log: os.dup2(log.fileno(), 1); os.dup2(log.fileno(), 2)
+    os.environ.update(env)
+    if torchrun: os.environ['MASTER_PORT'] = str(port)  # the store of this function's processes, outside them, as the agent's is
+    f = importlib.import_module(mod)
+    for a in name.split('.'): f = getattr(f, a)
+    t = timedelta(seconds=120)
+    if torchrun and init: dist.init_process_group('gloo', timeout=t)
+    elif not torchrun: dist.init_process_group('gloo', init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=t)
+    importlib.import_module('ddp_safe_fastai.launch')._record(job, rank, f, *args)
+    if dist.is_initialized(): dist.destroy_process_group()
+    # a rank's exit: its threads joined (background writes end), its exit hooks run; not the teardown of every module
+    # (seconds, and nothing of this library's) nor, as `_spawned`, under spawn
+    if torchrun: threading._shutdown(); atexit._run_exitfuncs()
+    sys.stdout.flush(); sys.stderr.flush(); os._exit(0)
+
+# %% ../nbs/55_launch.ipynb #9110d975
+def _pool_main(call):
+    "Entry point of a rank of a `RankPool` that torchrun started"
+    pool,warm = pickle.loads(Path(call).read_bytes())
+    rank,world = int(os.environ['RANK']),int(os.environ['WORLD_SIZE'])
+    _run_job(*_serve(pool, rank, warm), rank, world, torchrun=True)
+
+# %% ../nbs/55_launch.ipynb #bee4d50f
+def _pool_spawned(rank, pool, warm, world):
+    "Body of a rank of a `RankPool` that `torch.multiprocessing.spawn` started: no launcher environment"
+    for k in _launcher_env: os.environ.pop(k, None)
+    torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', 1)))
+    _run_job(*_serve(pool, rank, warm), rank, world, torchrun=False)
+
+# %% ../nbs/55_launch.ipynb #c5a3cdcc
+class RankPool:
+    "`nproc` ranks started once by `launcher` ('torchrun' or 'spawn'), each forking a process of its own for every function it runs"
+    def __init__(self, launcher='torchrun', # 'torchrun', or 'spawn' (`torch.multiprocessing.spawn`, no launcher environment)
+                 nproc=2, # how many ranks
+                 warm=('ddp_safe_fastai.all',), # modules the ranks import once, before any function
+                 env=None): # extra environment variables of the ranks
+        self.launcher,self.nproc,self.n = launcher,nproc,0
+        self.dir = Path(tempfile.mkdtemp(prefix='ddp_safe_pool.'))
+        call = self.dir/'pool.pickle'; call.write_bytes(pickle.dumps((str(self.dir), list(warm))))
+        env = {**os.environ, 'PYTHONPATH': os.pathsep.join(sys.path), **(env or {})}
+        if launcher == 'torchrun':
+            self.log = open(self.dir/'agent.log', 'w')
+            self.agent = subprocess.Popen([*_torchrun_cmd(nproc, 1, free_port()), '-m', 'ddp_safe_fastai.launch', str(call)], env=env,
+                                          stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        else: self.spawned = mp.start_processes(_pool_spawned, args=(str(self.dir), list(warm), nproc), nprocs=nproc, join=False, start_method='spawn')
+
+    def run(self, f, # a module-level function, run on every rank
+            *args, # its arguments (picklable)
+            timeout=60, # seconds before the processes still running are killed and named
+            init=True, # torchrun: make the gloo process group before calling `f` (spawn: always)
+            env=None): # extra environment variables for this function's processes
+        "Run `f(*args)` on the pool's ranks; one `Outcome` per rank"
+        self.n += 1
+        job = self.dir/f'job{self.n}'; job.mkdir()
+        store = dist.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout+60)) if self.launcher == 'torchrun' else None
+        (job/'spec.tmp').write_bytes(pickle.dumps((_module_of(f), f.__qualname__, args, init, env or {}, store.port if store else free_port())))
+        (job/'spec.tmp').rename(job/'spec.pickle')
+        deadline = time.monotonic() + timeout
+        ended = lambda: all((job/f'done.{r}').exists() for r in range(self.nproc))
+        while not ended() and time.monotonic() < deadline: time.sleep(0.005)
+        stalled = not ended()
+        if stalled:
+            for p in job.glob('pid.*'): kill_tree(int(p.read_text()))
+            while not ended() and time.monotonic() < deadline + 30: time.sleep(0.01)
+        del store  # every process of the function has ended
+        log = ''.join(p.read_text(errors='replace') for p in sorted(job.glob('log.*')))
+        return _collect(job, self.nproc, timeout, stalled, log)
+
+    def close(self):
+        "Stop the pool's ranks, and remove its folder"
+        (self.dir/'stop').touch()
+        if self.launcher == 'torchrun':
+            try: self.agent.wait(30)
+            except subprocess.TimeoutExpired: kill_tree(self.agent.pid)
+            self.log.close()
+        else: self.spawned.join(30)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
 # %% ../nbs/55_launch.ipynb #7098e25e
 if __name__ == '__main__' and len(sys.argv) == 2 and sys.argv[1].endswith('call.pickle'): _torchrun_main(sys.argv[1])
+if __name__ == '__main__' and len(sys.argv) == 2 and sys.argv[1].endswith('pool.pickle'): _pool_main(sys.argv[1])

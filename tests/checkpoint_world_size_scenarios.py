@@ -37,15 +37,33 @@ class StopAt(Callback):
     def after_epoch(self):
         if (self.epoch+1,) == self.at: self._stop()
 
-def any_world_fit(root, run='first', every_iters=None, stop_at=None, n=96, wait=600):
-    "Dropout, noise, one-cycle, `n` samples in batches of 8: resumes if a checkpoint exists; logs the samples it trains on"
+def _bits_equal(a, b):
+    "Are the tensors of `a` and `b`, in order, the same bit for bit?"
+    ta,tb = list(tensors_in(a)),list(tensors_in(b))
+    return len(ta) == len(tb) > 0 and all(x.dtype == y.dtype and x.shape == y.shape and torch.equal(x.view(-1).view(torch.uint8), y.view(-1).view(torch.uint8)) for x,y in zip(ta, tb))
+
+class AsLoaded(Callback):
+    "At the resumed fit's first training batch, before any callback draws from them: are the model's weights, the optimizer's state and torch's random state the checkpoint's, bit for bit?"
+    order = -200
+    def __init__(self, root): self.root,self.seen = Path(root)/'models'/'ckpt',None
+    def before_batch(self):
+        if not self.training or self.seen is not None: return
+        ckpt = self.root/(self.root/'latest').read_text().strip()
+        kept,rng = torch.load(ckpt/'state.pth', weights_only=False)['model'],torch.load(ckpt/'rng.pth', weights_only=False)[rank_distrib()]
+        self.seen = dict(model=_bits_equal(kept['model'], self.learn.model.state_dict()),
+                         opt=_bits_equal(kept['opt']['state'], self.learn.opt.state_dict()['state']),
+                         rng=torch.equal(rng['torch'], torch.get_rng_state()))
+
+def any_world_fit(root, run='first', every_iters=None, stop_at=None, n=96, wait=600, as_loaded=False):
+    "Dropout, noise, one-cycle, `n` samples in batches of 8: resumes if a checkpoint exists; logs the samples it trains on; `as_loaded`: see `AsLoaded`"
     import hashlib; importlib.import_module('fastai.callback.schedule')  # Learner.fit_one_cycle
     learn = synth_learner(n=n, path=Path(root), seed=3)
     nn = torch.nn
     learn.model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 1))
     ckpt = CheckpointCallback(every_iters=every_iters)
-    cbs = [ckpt, Noise(), SampleLog(root, run)] + ([StopAt(root, stop_at, wait)] if stop_at else [])
+    loaded = AsLoaded(root) if as_loaded else None
+    cbs = [ckpt, Noise(), SampleLog(root, run)] + ([StopAt(root, stop_at, wait)] if stop_at else []) + ([loaded] if loaded else [])
     with learn.distrib_ctx(): learn.fit_one_cycle(4, 0.02, cbs=cbs)
     h = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
     return dict(sha=h, resumed_from=ckpt.resumed_from, world=num_distrib() or 1, epochs=len(learn.recorder.values),
-                values=[list(map(float, v)) for v in learn.recorder.values], pct_train=learn.pct_train)
+                values=[list(map(float, v)) for v in learn.recorder.values], pct_train=learn.pct_train, as_loaded=loaded and loaded.seen)

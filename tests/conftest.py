@@ -1,14 +1,34 @@
-"Multi-process tests start real ranks the two ways users do: `torchrun`, and `torch.multiprocessing.spawn` with no launcher environment"
+"""Multi-process tests start real ranks the two ways users do: `torchrun`, and `torch.multiprocessing.spawn` with no
+launcher environment. Where the launcher is not what a test is about, its two ranks come from a pool that launcher
+started once (`launch.RankPool`): a process of its own on each rank for each test, with a process group of its own"""
 import os, sys, shutil, importlib, subprocess, pytest
 from pathlib import Path
-from ddp_safe_fastai.launch import spawn_ranks, torchrun_ranks, free_port
+from ddp_safe_fastai.launch import spawn_ranks, torchrun_ranks, free_port, RankPool
 
-os.environ.setdefault('DDP_SAFE_TIMEOUT', '60')  # a stuck meeting fails a test within a minute, naming the ranks
+os.environ.setdefault('DDP_SAFE_TIMEOUT', '60')  # a stuck all-gather fails a test within a minute, naming the ranks
+
+_pools = {}  # launcher -> this session's `RankPool` of 2 ranks, started at its first use
+
+def pool(launcher):
+    "This session's pool of 2 ranks started by `launcher` ('torchrun' or 'spawn')"
+    if launcher not in _pools: _pools[launcher] = RankPool(launcher, warm=('ddp_safe_fastai.all', 'ddp_safe_fastai.testing', 'fastai.basics'))
+    return _pools[launcher]
+
+def ranks(f, *args, nproc=2, timeout=120, init=True, env=None):
+    "`torchrun_ranks`, its 2 ranks from the session's torchrun pool: for a test whose subject is not the launcher"
+    if nproc == 2: return pool('torchrun').run(f, *args, timeout=timeout, init=init, env=env)
+    return torchrun_ranks(f, *args, nproc=nproc, timeout=timeout, init=init, env=env)
+
+@pytest.fixture(scope='session', autouse=True)
+def _pools_stopped():
+    yield
+    for p in _pools.values(): p.close()
 
 @pytest.fixture(params=['torchrun', 'spawn'])
 def launch(request):
     "Run a scenario on real ranks; `init=False` leaves the process group to fastai's `distrib_ctx` (torchrun only)"
     def run(f, *args, nproc=2, timeout=120, init=True, env=None):
+        if nproc == 2: return pool(request.param).run(f, *args, timeout=timeout, init=init, env=env)
         if request.param == 'spawn': return spawn_ranks(f, *args, nproc=nproc, timeout=timeout, env=env)
         return torchrun_ranks(f, *args, nproc=nproc, timeout=timeout, init=init, env=env)
     run.name = request.param

@@ -4,7 +4,8 @@ from pathlib import Path
 import torch, torch.distributed as dist
 from fastai.basics import nn, Callback
 from ddp_safe_fastai.all import *
-from ddp_safe_fastai.persist import background_saves, _broadcast_bytes
+from ddp_safe_fastai.background import background_saves
+from ddp_safe_fastai.reads import broadcast_bytes
 from ddp_safe_fastai.testing import synth_learner
 
 def _gpu_learner(root):
@@ -51,7 +52,7 @@ def fit_resume_load(root, group):
                 resumed_losses=[float(v[0]) for v in again.recorder.values], best=name,
                 best_opt_devices=best_opt,
                 stale_device_load=_devices([*best.model.parameters(), *_opt_tensors(best)]),
-                broadcast=_broadcast_bytes(b'ddp_safe') if dist.is_initialized() else None,
+                broadcast=broadcast_bytes(b'ddp_safe') if dist.is_initialized() else None,
                 pinned=background_saves.host_tensor(torch.ones(3, device='cuda')).is_pinned())
 
 def notebook_flow(root):

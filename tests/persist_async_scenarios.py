@@ -43,10 +43,10 @@ def async_write_failure(root):
 
 def checkpoint_of_its_step(root, slow=0.5, every_iters=None):
     "The background copy of each checkpoint's weights made slow: each still holds the weights of its own step, on every rank"
-    import ddp_safe_fastai.persist as persist
-    copy = persist._copy_pairs
+    import ddp_safe_fastai.background as background
+    copy = background._copy_pairs
     def slow_copy(pairs): time.sleep(slow); copy(pairs)  # a copy that ends batches later, as one of gigabytes would
-    persist._copy_pairs = slow_copy
+    background._copy_pairs = slow_copy
     learn = synth_learner(path=Path(root), seed=1)
     seen = {}
     class Record(Callback):
@@ -96,3 +96,22 @@ def background_write_failure(root):
     return dict(errors=errors, latest=latest_complete(models/'ckpt').name, checkpoints=sorted(p.name for p in (models/'ckpt').iterdir()),
                 model_of_epoch_0=all(torch.equal(a, b) for a,b in zip(model.values(), saved[0])),
                 temporaries=sorted(str(p.relative_to(models)) for p in models.rglob('*.tmp')))
+
+def one_callback_fails(root, which):
+    """One epoch; both callbacks write in the background, and the write of one of them fails on rank 0 (`which`: 'best',
+    its file a directory; 'checkpoint', the checkpoint's directory a file), found as the fit ends: what each rank
+    raises, and what the other wrote"""
+    learn = synth_learner(path=Path(root), seed=1)
+    models = Path(root)/'models'
+    if rank_distrib() == 0:
+        if which == 'best': (models/'model.pth').mkdir(parents=True)
+        else: (models/'ckpt').mkdir(parents=True); (models/'ckpt'/'epoch_0001').write_text('in the way')
+    distrib_barrier()
+    cbs = [SafeSaveModelCallback(comp=lambda a,b: True), CheckpointCallback(resume=False)]  # a new best every epoch
+    try:
+        with learn.distrib_ctx(): learn.fit(1, 0.1, cbs=cbs)
+        error = None
+    except CheckpointError as e: error = str(e)
+    flush_saves()  # the other callback's writes: they succeeded
+    return dict(error=error, latest=(models/'ckpt'/'latest').read_text() if (models/'ckpt'/'latest').exists() else None,
+                best=(models/'model.pth').is_file())

@@ -1,4 +1,4 @@
-"""`callback` (nbs/30_callback.ipynb): `SafeSaveModelCallback` in a DDP fit where rank 0 is slower and the last epoch is
+"""`callback` (nbs/47_callback.ipynb): `SafeSaveModelCallback` in a DDP fit where rank 0 is slower and the last epoch is
 not the best: every rank ends with the best model saved"""
 import callback_scenarios as s
 from conftest import values

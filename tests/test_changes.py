@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import fastai
 importlib.import_module('ddp_safe_fastai.all')  # every change in force
-from ddp_safe_fastai import changes, core
+from ddp_safe_fastai import changes, rendezvous
 from ddp_safe_fastai.changes import fastai_changes, fastai_writers, importable, fastai_version_of, current, unlisted_changes, unlisted_writers
 from ddp_safe_fastai.changes import process_changes, unlisted_process_changes
 
@@ -35,12 +35,12 @@ def test_no_unlisted_process_change():
 
 @pytest.mark.parametrize('name,seen', [
     ('_AfterImport', ('sys.meta_path', '_AfterImport', '')),
-    ('fastai.callback.progress', ('sys.modules', '', 'distributed:fastai_defaults_kept')),
+    ('fastai.callback.progress', ('sys.modules', '', 'fastai_imports:fastai_defaults_kept')),
     ('bn_per_rank', ('runtime attribute', 'bn_per_rank', 'distributed:DistributedTrainer.__init__')),
-    ('resume_point', ('runtime attribute removed', 'resume_point', 'train_state:resuming')),
-    ('get_idxs', ('runtime attribute', 'get_idxs', 'train_state:resume_pass')),
+    ('resume_point', ('runtime attribute removed', 'resume_point', 'resume:resuming')),
+    ('get_idxs', ('runtime attribute', 'get_idxs', 'resume:resume_pass')),
     ('SIGTERM', None), # the row of SIGUSR1 names the same functions
-    ('core._stop_deleting', ('atexit.register', '', 'core:_stop_deleting'))])
+    ('store_gather.KeyCleanup.stop', ('atexit.register', '', 'store_gather:<module>'))])
 def test_unlisted_process_change_reported(monkeypatch, name, seen):
     "A row taken out of `process_changes` is reported"
     monkeypatch.setattr(changes, 'process_changes', [p for p in process_changes if p.name != name])
@@ -64,21 +64,23 @@ def _environ_written(monkeypatch, f):
     f()
     return set(os.environ) - before
 
-def _listed_env(fn): return {p.name for p in process_changes if p.kind == 'environment' and f"core:{fn}" in p.by.split()}
+def _listed_env(fn): return {p.name for p in process_changes if p.kind == 'environment' and f"rendezvous:{fn}" in p.by.split()}
 
 def test_share_launch_env_writes_listed(monkeypatch):
     "`share_launch_env` writes the variables its rows name: a group of 3 ranks, faked"
-    for k,v in dict(group_ready=lambda: True, topology=_Topology, rank_distrib=lambda: 1, num_distrib=lambda: 3).items():
-        monkeypatch.setattr(core, k, v)
-    assert _environ_written(monkeypatch, core.share_launch_env) == _listed_env('share_launch_env') != set()
+    class _Group:  # the run group of a rank in a group of 3
+        def group(self): return object()
+    for k,v in dict(run_group=_Group(), topology=_Topology, rank_distrib=lambda: 1, num_distrib=lambda: 3).items():
+        monkeypatch.setattr(rendezvous, k, v)
+    assert _environ_written(monkeypatch, rendezvous.share_launch_env) == _listed_env('share_launch_env') != set()
 
 def test_slurm_defaults_listed(monkeypatch):
     "A SLURM step without torchrun: `_rendezvous` writes the variables its rows name"
     for k,v in dict(SLURM_STEP_NUM_TASKS='2', SLURM_NTASKS='2', SLURM_PROCID='0', SLURM_JOB_ID='4242', SLURM_JOB_NODELIST='node[1-2]').items():
         monkeypatch.setenv(k, v)
     monkeypatch.delenv('SLURM_STEP_NODELIST', raising=False)
-    assert core.slurm_step()
-    assert _environ_written(monkeypatch, lambda: core._rendezvous('test')) == _listed_env('_rendezvous') != set()
+    assert rendezvous.slurm_step()
+    assert _environ_written(monkeypatch, lambda: rendezvous._rendezvous('test')) == _listed_env('_rendezvous') != set()
     assert os.environ['MASTER_ADDR'] == 'node1' and os.environ['MASTER_PORT'] == '19242'
 
 def test_census_lists_every_writer():

@@ -1,12 +1,11 @@
-"""`checkpoint_dir` (nbs/41_checkpoint_dir.ipynb), formats: the checkpoint format is versioned. Checkpoints written by
-0.1.0 (format 1) and by this release (format 2) are kept here, and must load; a newer format is refused on every
-rank, naming both; `ddp-safe-check inspect`"""
+"""`checkpoint_dir` (nbs/32_checkpoint_dir.ipynb), formats: the checkpoint format is versioned. Checkpoints written by
+0.1.0 (format 1) and 0.2 (format 2) are kept here, and must load as they were written and resume alike on any
+machine; a newer format is refused on every rank, naming both; `ddp-safe-check inspect`"""
 import json, shutil, subprocess, sys
 from pathlib import Path
 import pytest
 import checkpoint_world_size_scenarios as s
-from conftest import values
-from ddp_safe_fastai.launch import torchrun_ranks
+from conftest import values, ranks
 from ddp_safe_fastai.train_state import FORMAT
 
 DATA = Path(__file__).parent/'data'
@@ -16,20 +15,20 @@ def _with_checkpoints(root, fmt):
     shutil.copytree(DATA/f"ckpt_format{fmt}", Path(root)/'models/ckpt')
     return root
 
-def _run(root, nproc, every=3):
-    return values(torchrun_ranks(s.any_world_fit, str(root), 'again', every, init=False, nproc=nproc, timeout=300))
-
-@pytest.fixture(scope='module')
-def uninterrupted(tmp_path_factory):
-    "The run those checkpoints were taken from, uninterrupted: 2 ranks, a checkpoint every 3 batches"
-    return _run(tmp_path_factory.mktemp('full'), 2)[0]
+def _run(root, nproc, every=3, as_loaded=False):
+    return values(ranks(s.any_world_fit, str(root), 'again', every, None, 96, 600, as_loaded, init=False, nproc=nproc, timeout=300))
 
 @pytest.mark.parametrize('fmt', [1, 2])
-def test_kept_checkpoint_resumes_bitwise(tmp_path, uninterrupted, fmt):
-    "A kept checkpoint of format 1 or 2 resumes to bitwise the uninterrupted run's weights and metrics"
-    res = _run(_with_checkpoints(tmp_path, fmt), 2)
-    assert res[0]['resumed_from'] == 'epoch_0001_iter_000003'
-    assert res[0]['sha'] == res[1]['sha'] == uninterrupted['sha'] and res[0]['values'] == uninterrupted['values']
+def test_kept_checkpoint_resumes_bitwise(tmp_path, fmt):
+    """A kept checkpoint of format 1 or 2 loads as it was written (the weights, the optimizer's state and each rank's
+    random state, bit for bit), and two resumes from it end alike, bit for bit: what is the same on every machine, unlike
+    a float the uninterrupted run computes, which a CPU of another kind may compute otherwise"""
+    first,second = [_run(_with_checkpoints(tmp_path/run, fmt), 2, as_loaded=True) for run in ('first', 'second')]
+    for res in (first, second):
+        assert [r['resumed_from'] for r in res] == ['epoch_0001_iter_000003']*2, res
+        assert [r['as_loaded'] for r in res] == [dict(model=True, opt=True, rng=True)]*2, res
+        assert res[0]['sha'] == res[1]['sha'], res  # the ranks agree
+    assert first[0]['sha'] == second[0]['sha'] and first[0]['values'] == second[0]['values']
 
 def test_format1_resumes_on_three_ranks(tmp_path):
     "A format 1 checkpoint taken on 2 ranks resumes on 3, with the same weights on every rank"
@@ -42,7 +41,7 @@ def test_newer_format_is_refused_on_every_rank(tmp_path):
     for m in (root/'models/ckpt').glob('*/manifest.json'):
         m.write_text(json.dumps({**json.loads(m.read_text()), 'format': FORMAT+1, 'library': '9.9.9'}))
     before = {p: p.read_bytes() for p in (root/'models/ckpt').rglob('*') if p.is_file()}
-    res = torchrun_ranks(s.any_world_fit, str(root), 'again', 3, init=False, nproc=2, timeout=300)
+    res = ranks(s.any_world_fit, str(root), 'again', 3, init=False, nproc=2, timeout=300)
     for o in res:
         assert o.error_type == 'CheckpointFormatError'
         assert f"format {FORMAT+1} (written by ddp_safe_fastai 9.9.9)" in o.error and f"reads formats 1 to {FORMAT}" in o.error

@@ -1,13 +1,12 @@
-"""`checkpoint` (nbs/43_checkpoint.ipynb), `CheckpointCallback`'s policies: the best checkpoints kept (`keep_best`);
+"""`checkpoint` (nbs/48_checkpoint.ipynb), `CheckpointCallback`'s policies: the best checkpoints kept (`keep_best`);
 checkpoints on a clock (`every_minutes`); the weights written once with `SafeSaveModelCallback`. Real ranks under torchrun; the rank-side functions are the first in this file"""
 import os, time, shutil, hashlib
 from pathlib import Path
 import pytest, torch
 from fastai.basics import Callback
 from ddp_safe_fastai.all import *
-from ddp_safe_fastai.launch import torchrun_ranks
 from ddp_safe_fastai.testing import synth_learner
-from conftest import values
+from conftest import values, ranks
 
 class SlowRank(Callback):
     "Rank `rank` trains each batch `delay` seconds slower than the others"
@@ -93,7 +92,7 @@ def digest_file(f): return digest_state(torch.load(f, weights_only=True))
 def test_keep_best_survives_rotation(tmp_path):
     """The best 2 checkpoints by the validation loss are kept beside the newest across a resumed run, and the best loads
     on every rank, bit for bit the weights of its epoch"""
-    r0,r1 = values(torchrun_ranks(best_kept, str(tmp_path), init=False, timeout=240))
+    r0,r1 = values(ranks(best_kept, str(tmp_path), init=False, timeout=240))
     assert r0['losses'] == r1['losses'] and len(r0['losses']) == 6, r0
     order = sorted(range(6), key=lambda e: (r0['losses'][e], e))  # the earlier of equal values first
     assert order[0] < 3 <= order[2], r0['losses']  # down, then up: the best epochs are before the last one
@@ -111,7 +110,7 @@ def test_keep_best_monitor_is_checked(tmp_path):
 @pytest.mark.parametrize('slow_rank', [0, 1])
 def test_every_minutes_same_batch_on_every_rank(tmp_path, slow_rank):
     "A checkpoint on the clock of the main process, slowed or not, is taken after the same batch by every rank"
-    r0,r1 = values(torchrun_ranks(fit_on_clock, str(tmp_path), 0.005, slow_rank, init=False, timeout=180,
+    r0,r1 = values(ranks(fit_on_clock, str(tmp_path), 0.005, slow_rank, init=False, timeout=180,
                                   env={'DDP_SAFE_TIMEOUT': '30'}))
     assert r0['batches'] == r1['batches'], (r0['batches'], r1['batches'])
     epochs = [32, 64, 96]
@@ -133,7 +132,7 @@ def test_weights_written_once(tmp_path):
     other weights, or a best model saved with its optimizer, has its own; the best model's reload at the end of the fit
     still takes it as this run's file after the checkpoint sharing it was rotated away or deleted by hand; a rerun in
     the same folder does it again"""
-    (first,second,opt,byhand),_ = values(torchrun_ranks(best_and_checkpoints, str(tmp_path), init=False, timeout=240))
+    (first,second,opt,byhand),_ = values(ranks(best_and_checkpoints, str(tmp_path), init=False, timeout=240))
     # the first run: the best epoch is 2 (0-based), its checkpoint epoch_0003, rotated away by epoch_0005 (keep=2)
     assert min(range(5), key=lambda e: first['losses'][e]) == 2, first['losses']
     assert list(first['files']) == ['epoch_0004', 'epoch_0005'], first['files']

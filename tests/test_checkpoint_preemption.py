@@ -1,4 +1,4 @@
-"""`checkpoint` and `signals` (nbs/43_checkpoint.ipynb, nbs/42_signals.ipynb), preemption: a run that survives its cluster:
+"""`checkpoint` and `signals` (nbs/48_checkpoint.ipynb, nbs/46_signals.ipynb), preemption: a run that survives its cluster:
 SIGTERM to torchrun, SIGUSR1 to one rank, an exception on one rank or all, a worker killed under --max-restarts"""
 import os, sys, json, time, signal, subprocess
 from pathlib import Path

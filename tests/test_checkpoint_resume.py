@@ -1,10 +1,10 @@
-"""`checkpoint` (nbs/43_checkpoint.ipynb), resume: a DDP run killed with SIGKILL on every rank resumes, with the same
+"""`checkpoint` (nbs/48_checkpoint.ipynb), resume: a DDP run killed with SIGKILL on every rank resumes, with the same
 command, to bitwise the same weights"""
 import sys, time, random
 from pathlib import Path
 import pytest
 import checkpoint_resume_scenarios as s
-from conftest import values
+from conftest import values, ranks
 from ddp_safe_fastai.launch import torchrun_ranks
 from ddp_safe_fastai.checkpoint import latest_complete, is_complete
 
@@ -65,10 +65,10 @@ def _within_epoch(root, name):
 @pytest.mark.parametrize('at', ['epoch_0001_iter_000006', 'epoch_0002_iter_000003'])
 def test_killed_within_an_epoch_resumes_at_its_next_batch(tmp_path, at):
     "Checkpoints every 3 batches; every process killed once one inside an epoch is complete: bitwise the same"
-    full = values(torchrun_ranks(s.resume_within_epoch, str(tmp_path/'full'), init=False, timeout=300))
+    full = values(ranks(s.resume_within_epoch, str(tmp_path/'full'), init=False, timeout=300))
     assert full[0]['sha'] == full[1]['sha'] and full[0]['resumed_from'] is None
     assert torchrun_ranks(s.resume_within_epoch, str(tmp_path/'cut'), 3, at, init=False, timeout=300,  # held at `at` until killed
                           kill_when=_within_epoch(tmp_path/'cut', at)) is None
-    res = values(torchrun_ranks(s.resume_within_epoch, str(tmp_path/'cut'), init=False, timeout=300))
+    res = values(ranks(s.resume_within_epoch, str(tmp_path/'cut'), init=False, timeout=300))
     assert res[0]['resumed_from'] == at
     for r,f in zip(res, full): assert r == {**f, 'resumed_from': at}  # weights, losses, learning rates, metrics

@@ -1,5 +1,5 @@
-"""`checkpoint` and `signals` under SLURM (nbs/43_checkpoint.ipynb, nbs/42_signals.ipynb; `srun` as a launcher:
-nbs/00_core.ipynb): ranks started by `srun` train as one DDP run, and a job that is signalled or preempted
+"""`checkpoint` and `signals` under SLURM (nbs/48_checkpoint.ipynb, nbs/46_signals.ipynb; `srun` as a launcher:
+nbs/04_core.ipynb): ranks started by `srun` train as one DDP run, and a job that is signalled or preempted
 checkpoints, requeues itself and resumes, ending bit for bit as the uninterrupted job. Real jobs on the one-node
 cluster that `tools/slurm.sh` starts (SLURM_CONF names it)"""
 import os, re, sys, json, time, subprocess

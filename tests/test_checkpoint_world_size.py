@@ -1,4 +1,4 @@
-"""`checkpoint` (nbs/43_checkpoint.ipynb), a resume on another world size: a run killed at an epoch's end or inside an
+"""`checkpoint` (nbs/48_checkpoint.ipynb), a resume on another world size: a run killed at an epoch's end or inside an
 epoch resumes under `torchrun` on another number of ranks, one node or two, with dropout, augmentation and
 `fit_one_cycle`; on the same number, bit for bit"""
 import json

@@ -1,10 +1,9 @@
-"""`core` (nbs/00_core.ipynb): who each process is, under torchrun and under `mp.spawn` with no launcher environment;
+"""`core` (nbs/04_core.ipynb): who each process is, under torchrun and under `mp.spawn` with no launcher environment;
 meetings (barriers, exchanges, `main_process_first`) that end on every rank, naming the rank that did not come"""
 import time
 import pytest
 import core_scenarios as s
-from conftest import values
-from ddp_safe_fastai.launch import torchrun_ranks
+from conftest import values, ranks
 
 @pytest.mark.parametrize('nproc', [2, 4])
 def test_rank_detection(launch, nproc):
@@ -42,7 +41,7 @@ def test_too_large_an_exchange_fails_on_every_rank(launch):
 
 def test_barrier_timeout_is_prompt():
     "On the ranks that arrived, the error comes within the timeout plus a few seconds"
-    res = torchrun_ranks(s.timed, s.barrier_missing, 1, 3, nproc=2, timeout=60)
+    res = ranks(s.timed, s.barrier_missing, 1, 3, nproc=2, timeout=60)
     secs = float(res[0].error.split('[after ')[1].split('s]')[0])
     assert 3 <= secs < 3 + 3, res[0]
 

@@ -1,11 +1,11 @@
-"""`core` (nbs/00_core.ipynb), the process group's lifetime: saves and loads where there is no process group: before any
+"""`core` (nbs/04_core.ipynb), the process group's lifetime: saves and loads where there is no process group: before any
 exists (a launcher started the ranks, nobody made one yet) and after fastai's notebook flow or the user ended it.
 Every rank must end with rank 0's weights, and a rerun in the same folder must never load the previous run's files"""
 import sys, json, subprocess
 from pathlib import Path
 import pytest
 import core_group_lifetime_scenarios as g, fastai_examples as fe
-from conftest import values, accelerate_cmd, torchvision_imports
+from conftest import values, accelerate_cmd, torchvision_imports, ranks
 from ddp_safe_fastai.launch import torchrun_ranks, spawn_ranks, free_port, kill_tree
 
 HERE = Path(__file__).parent
@@ -76,6 +76,6 @@ def test_after_user_ends_group(tmp_path):
 def test_fastai_script(script, tmp_path):
     "fastai's scripts for torchrun, on small data, then save, load, export and `load_learner` on every rank"
     if script == 'distrib_py' and not torchvision_imports(): pytest.skip("torchvision runs in the 'latest' environment")
-    r0,r1 = values(torchrun_ranks(getattr(fe, script), str(tmp_path), init=False, timeout=300))
+    r0,r1 = values(ranks(getattr(fe, script), str(tmp_path), init=False, timeout=300))
     assert r0['world'] == r1['world'] == 2
     holds_rank0s(r0, r1)

@@ -1,4 +1,4 @@
-"""`core` on several nodes (nbs/00_core.ipynb; the nodes simulated by nbs/55_launch.ipynb): two torchrun agents on this
+"""`core` on several nodes (nbs/04_core.ipynb; the nodes simulated by nbs/55_launch.ipynb): two torchrun agents on this
 machine, one rank each, each "node" with its own disk mounted at the same path in its own mount namespace; either on
 one address (a c10d rendezvous on 127.0.0.1), or as hosts that share neither a disk nor an address (each agent in a
 network namespace of its own, with its own address and host name)"""

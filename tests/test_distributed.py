@@ -1,9 +1,9 @@
-"""`distributed` (nbs/03_distributed.ipynb): fastai's `distrib_ctx` fits on CPU as fastai documents them, under torchrun,
+"""`distributed` (nbs/40_distributed.ipynb): fastai's `distrib_ctx` fits on CPU as fastai documents them, under torchrun,
 `mp.spawn`, `accelerate launch` and accelerate's `notebook_launcher`; BatchNorm statistics stay per rank and end as rank 0's"""
 import sys, json, shutil, subprocess, pytest
 from pathlib import Path
 import distributed_scenarios as s
-from conftest import values
+from conftest import values, ranks
 from ddp_safe_fastai.launch import torchrun_ranks, free_port
 
 def test_ddp_fit_on_cpu(launch, tmp_path):
@@ -23,13 +23,13 @@ def test_ddp_fit_under_accelerate_launch(tmp_path):
 @pytest.mark.parametrize('nproc', [1, 2])
 def test_contexts_in_turn(nproc, tmp_path):
     "One Learner fitted in three `distrib_ctx`s in turn, by one process (`WORLD_SIZE=1`, where fastai kept its trainer) and by two: nothing stays of them"
-    res = values(torchrun_ranks(s.contexts_in_turn, str(tmp_path), nproc=nproc, init=False, timeout=180))
+    res = values(ranks(s.contexts_in_turn, str(tmp_path), nproc=nproc, init=False, timeout=180))
     assert all(r['trainers'] == 0 and r['loaders'] == ['TfmdDL', 'TfmdDL'] for r in res)
     assert all(r['weights'] == res[0]['weights'] for r in res)
 
 def test_batchnorm_on_cpu(tmp_path):
     "BatchNorm stays per rank on CPU, and every rank validates, and ends with, rank 0's running statistics"
-    res = values(torchrun_ranks(s.batchnorm_fit, str(tmp_path), init=False, timeout=180))
+    res = values(ranks(s.batchnorm_fit, str(tmp_path), init=False, timeout=180))
     assert 'BatchNorm1d' in res[0]['types'] and 'SyncBatchNorm' not in res[0]['types']
     assert res[0]['stats'] == res[1]['stats']
 

@@ -1,4 +1,4 @@
-"""`files` (nbs/01_files.ipynb): a file written by `atomic_torch_save` is whole whenever its writer is killed (a plain
+"""`files` (nbs/05_files.ipynb): a file written by `atomic_torch_save` is whole whenever its writer is killed (a plain
 `torch.save` is not); a save the disk has no room for is refused on every rank before it is written"""
 import sys, time, signal, random, subprocess, textwrap
 import torch

@@ -1,4 +1,4 @@
-"""`learner` (nbs/10_learner.ipynb): `Learner.load` maps onto this rank's device; `export` and `load_learner`,
+"""`learner` (nbs/41_learner.ipynb): `Learner.load` maps onto this rank's device; `export` and `load_learner`,
 `DataLoaders.save` and `load_dataloaders` give every rank rank 0's copy"""
 import learner_scenarios as s
 from conftest import values

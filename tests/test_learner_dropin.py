@@ -1,7 +1,7 @@
-"""`learner` (nbs/10_learner.ipynb), drop-in: `Learner.save`/`load` exact where fastai code relies on it (buffers,
+"""`learner` (nbs/41_learner.ipynb), drop-in: `Learner.save`/`load` exact where fastai code relies on it (buffers,
 `FileNotFoundError`), and one clear error on every rank for bad input (a bad timeout, a truncated file, a read-only disk)"""
 import learner_dropin_scenarios as s
-from conftest import values, needs_mounts
+from conftest import values, needs_mounts, ranks
 from ddp_safe_fastai.launch import torchrun_ranks
 
 def test_buffers(launch, tmp_path):
@@ -15,7 +15,7 @@ def test_missing_file_is_file_not_found(launch, tmp_path):
 
 def test_bad_timeout_fails_every_rank_at_the_save(tmp_path):
     "`DDP_SAFE_TIMEOUT='abc'`: every rank's save raises one `ValueError` saying what a timeout is; nothing is written"
-    for r in values(torchrun_ranks(s.bad_timeout_save, str(tmp_path), env={'DDP_SAFE_TIMEOUT': 'abc'})):
+    for r in values(ranks(s.bad_timeout_save, str(tmp_path), env={'DDP_SAFE_TIMEOUT': 'abc'})):
         assert r == "save: DDP_SAFE_TIMEOUT='abc': a timeout is a number of seconds, more than 0 and at most 1e+08"
     assert not (tmp_path/'models').exists()
 

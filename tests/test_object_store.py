@@ -1,4 +1,4 @@
-"""`object_store` (nbs/41a_object_store.ipynb, nbs/43_checkpoint.ipynb), checkpoints in object storage:
+"""`object_store` (nbs/33_object_store.ipynb, nbs/48_checkpoint.ipynb), checkpoints in object storage:
 `CheckpointCallback` with an `s3://` URL against a real OpenStack Swift with its S3 API (tools/swift.sh), on 2 ranks
 under torchrun: uploads, a resume on a machine whose disk was wiped, the store's faults. The rank-side functions are
 the first in this file"""
@@ -9,7 +9,7 @@ from fastai.basics import Callback
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.launch import torchrun_ranks
 from ddp_safe_fastai.testing import synth_learner
-from conftest import values
+from conftest import values, ranks
 
 class KillAfter(Callback):
     "Once epoch `epoch` is checkpointed and uploaded, say so in the file `marker` and wait to be killed"
@@ -43,7 +43,7 @@ def test_resume_from_the_bucket_on_a_wiped_disk(tmp_path, store):
     (2 ranks, then 1) resumes from the bucket and ends with the uninterrupted run's weights"""
     bucket = store.bucket()
     url,path = f"{store.scheme}://{bucket}/run1",f"{bucket}/run1"
-    whole = values(torchrun_ranks(fit_to, str(tmp_path/'whole'), f"{store.scheme}://{bucket}/whole", init=False, timeout=240, env=store.env))
+    whole = values(ranks(fit_to, str(tmp_path/'whole'), f"{store.scheme}://{bucket}/whole", init=False, timeout=240, env=store.env))
     killed = lambda: (tmp_path/'a'/'killed').exists()
     assert torchrun_ranks(fit_to, str(tmp_path/'a'), url, 4, 1, init=False, timeout=240, env=store.env, kill_when=killed) is None
     fs = store.fs()
@@ -55,7 +55,7 @@ def test_resume_from_the_bucket_on_a_wiped_disk(tmp_path, store):
     assert inspect.returncode == 0 and f"{url}: 2 checkpoint(s); latest names 'epoch_0002'" in inspect.stdout, inspect
     assert "a resume takes epoch_0002 (saved on 2 rank(s))" in inspect.stdout, inspect.stdout
     shutil.rmtree(tmp_path/'a')  # the machine is gone; a new one has an empty disk
-    r0,r1 = values(torchrun_ranks(fit_to, str(tmp_path/'a'), url, init=False, timeout=240, env=store.env))
+    r0,r1 = values(ranks(fit_to, str(tmp_path/'a'), url, init=False, timeout=240, env=store.env))
     assert r0['resumed_from'] == r1['resumed_from'] == 'epoch_0002'
     for w,v in zip(r0['weights'], whole[0]['weights']): assert torch.equal(w, v)  # bit for bit the uninterrupted run
     assert fs.cat_file(path+'/latest') == b'epoch_0004'
@@ -84,7 +84,7 @@ def test_store_faults_fail_at_the_start(tmp_path, swift):
     cases = [(f"s3://{bucket}/run", dict(endpoint_url=f"http://127.0.0.1:{free_port()}")),
              ("s3://nosuchbucket123/run", None),
              (f"s3://{bucket}/run", dict(key='test:tester', secret='wrong'))]
-    r0,r1 = values(torchrun_ranks(faults, str(tmp_path), cases, init=False, timeout=240, env=swift.env))
+    r0,r1 = values(ranks(faults, str(tmp_path), cases, init=False, timeout=240, env=swift.env))
     for (m0,t0),(m1,t1),(url,_),want in zip(r0, r1, cases, ['its endpoint does not answer (EndpointConnectionError: Could not connect', 'the bucket (or container) does not exist', 'the credentials were refused (PermissionError']):
         assert m0 == m1 and m0 is not None, (m0, m1)
         assert f"CheckpointCallback(fname='{url}')" in m0 and f"{url} cannot be written" in m0, m0
@@ -107,10 +107,15 @@ def fit_slowly(root, url, n_epoch):
     except CheckpointError as e: return dict(error=str(e), epoch=learn.epoch)
     return dict(weights=weights(learn), error=None)
 
-def uploaded(cache, name):
-    "Has checkpoint `name` been uploaded whole? The local `latest` names it once it has"
-    f = Path(cache)/'latest'
-    return f.is_file() and f.read_text() == name
+class Uploaded:
+    "Polled: has checkpoint `name` been uploaded whole, the bucket's `latest` naming it? (asked of the store every 0.2 s)"
+    def __init__(self, fs, url, name): self.fs,self.latest,self.name,self.asked,self.seen = fs,url.split('://')[1]+'/latest',name,0,False
+    def __call__(self):
+        if not self.seen and time.monotonic() - self.asked > 0.2:
+            self.asked = time.monotonic(); self.fs.invalidate_cache()
+            try: self.seen = self.fs.cat_file(self.latest) == self.name.encode()
+            except FileNotFoundError: pass
+        return self.seen
 
 class AwayWhile:
     "Polled while the ranks run: stop Swift's proxy once `when()`, start it again `away` seconds later (never if None)"
@@ -135,7 +140,7 @@ def test_store_gone_fails_at_the_next_commit(tmp_path, swift):
     URL; the local checkpoints are kept; once the store is back, a run on a new machine resumes from the bucket's last"""
     url = f"s3://{swift.bucket()}/run"
     cache = tmp_path/'a'/'models'/local_copy_name(url)
-    away = AwayWhile(swift, lambda: uploaded(cache, 'epoch_0001'), None)
+    away = AwayWhile(swift, Uploaded(swift.fs(), url, 'epoch_0001'), None)
     try: outs = torchrun_ranks(fit_slowly, str(tmp_path/'a'), url, 6, init=False, timeout=240, env={**swift.env, 'DDP_SAFE_UPLOAD_RETRY': '3'}, kill_when=away)
     finally: swift.start_proxy()
     r0,r1 = values(outs)
@@ -143,7 +148,7 @@ def test_store_gone_fails_at_the_next_commit(tmp_path, swift):
     assert f"upload to {url}/epoch_0002/" in r0['error'] and 'still after retrying for 3s' in r0['error'], r0['error']
     assert is_complete(cache/'epoch_0002'), sorted(p.name for p in cache.iterdir())  # kept, though not uploaded
     shutil.rmtree(tmp_path/'a')
-    r0,r1 = values(torchrun_ranks(fit_to, str(tmp_path/'a'), url, 3, init=False, timeout=240, env=swift.env))
+    r0,r1 = values(ranks(fit_to, str(tmp_path/'a'), url, 3, init=False, timeout=240, env=swift.env))
     assert r0['resumed_from'] == r1['resumed_from'] == 'epoch_0001'
 
 def fit_with_ballast(root, url, n_epoch):
@@ -171,7 +176,7 @@ def test_kill_during_an_upload(tmp_path, swift):
         fs.call_s3('upload_part', Bucket=bucket, Key=key, UploadId=upload['UploadId'], PartNumber=1, Body=bytes(5*2**20))
     assert sorted(u['Key'] for u in fs.list_multipart_uploads(bucket)) == ['other/state.pth', 'run/epoch_0002/state.pth', 'run/sub/epoch_0001/state.pth']
     shutil.rmtree(tmp_path/'a')
-    r0,r1 = values(torchrun_ranks(fit_with_ballast, str(tmp_path/'a'), url, 3, init=False, timeout=240, env=swift.env))
+    r0,r1 = values(ranks(fit_with_ballast, str(tmp_path/'a'), url, 3, init=False, timeout=240, env=swift.env))
     assert r0['resumed_from'] == r1['resumed_from'] == 'epoch_0001'
     assert fs.cat_file(url[5:]+'/latest') == b'epoch_0003'
     assert sorted(u['Key'] for u in fs.list_multipart_uploads(bucket)) == ['other/state.pth', 'run/sub/epoch_0001/state.pth']
@@ -194,7 +199,7 @@ def test_export_and_best_model_to_a_bucket(tmp_path, swift):
     `Learner.export(URL)` the exported Learner; a missing bucket fails on every rank, naming the URL: at the export, and
     as a fit with `SafeSaveModelCallback` starts"""
     bucket = swift.bucket()
-    r0,r1 = values(torchrun_ranks(save_to_urls, str(tmp_path), bucket, init=False, timeout=240, env=swift.env))
+    r0,r1 = values(ranks(save_to_urls, str(tmp_path), bucket, init=False, timeout=240, env=swift.env))
     fs = swift.fs()
     assert listed(fs, f"{bucket}/run") == ['best.pth', 'export.pkl']
     uploaded = torch.load(fs.open(f"{bucket}/run/best.pth"), weights_only=True)

@@ -1,4 +1,4 @@
-"""`persist` (nbs/02_persist.ipynb), through `Learner.save` and `load` on 2 CPU ranks: one writer, whose bytes every rank
+"""`persist` (nbs/14_persist.ipynb), through `Learner.save` and `load` on 2 CPU ranks: one writer, whose bytes every rank
 loads (a late writer, a rank loading alone, disks some ranks do not share or cannot read); a failed write, a corrupt file
 or a pickle payload refused on every rank; `prepare_dir` over a directory the ranks write into"""
 import persist_scenarios as s

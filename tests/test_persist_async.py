@@ -1,6 +1,7 @@
-"`persist` (nbs/02_persist.ipynb), background saves: asynchronous saves keep every guarantee of the synchronous ones"
+"`persist` (nbs/14_persist.ipynb), background saves: asynchronous saves keep every guarantee of the synchronous ones"
+import pytest
 import persist_async_scenarios as s
-from conftest import values, needs_mounts
+from conftest import values, needs_mounts, ranks
 
 def test_async_save_then_load_is_fresh(launch, tmp_path):
     "`save(async_save=True)` with rank 0 1 s late, then a load at once: every rank gets the new weights"
@@ -14,10 +15,22 @@ def test_async_write_failure_reaches_every_rank(launch, tmp_path):
         assert r['value'] == 1.   # the previous checkpoint survives
         assert r['files'] == []   # no temporary left
 
+@pytest.mark.parametrize('which', ['best', 'checkpoint'])
+def test_each_callback_raises_its_own_failure(tmp_path, which):
+    "The background write of one callback fails on rank 0, the other's succeeds: as the fit ends, the one that failed raises it (not the other, which waits first), on every rank; the other's file is whole"
+    res = values(ranks(s.one_callback_fails, str(tmp_path), which, init=False, nproc=2, timeout=300))
+    assert res[0]['error'] == res[1]['error'], res
+    e = res[0]['error']
+    if which == 'best':  # fastai puts the callback's name before the message
+        assert 'SafeSaveModelCallback' in e and f"could not write {tmp_path}/models/model.pth" in e, e
+        assert res[0]['latest'] == 'epoch_0001', res  # the checkpoint was committed
+    else:
+        assert 'CheckpointCallback' in e and 'SafeSaveModelCallback' not in e and f"{tmp_path}/models/ckpt/epoch_0001" in e, e
+        assert res[0]['best'], res  # the best model was written, and reloaded without raising
+
 def test_checkpoint_holds_the_weights_of_its_step(tmp_path):
     "CheckpointCallback copies the weights while the next batch runs: a slow copy still ends before the step that changes them"
-    from ddp_safe_fastai.launch import torchrun_ranks
-    res = values(torchrun_ranks(s.checkpoint_of_its_step, str(tmp_path), 0.5, 2, init=False, nproc=2, timeout=300))
+    res = values(ranks(s.checkpoint_of_its_step, str(tmp_path), 0.5, 2, init=False, nproc=2, timeout=300))
     assert res[0] == res[1] and len(res[0]) == 3 + 3, res  # 3 epochs' ends; one checkpoint within each (4 batches a rank)
     assert all(res[0].values()), res
 

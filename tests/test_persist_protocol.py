@@ -1,4 +1,4 @@
-"""`persist` (nbs/02_persist.ipynb), the protocol: any order of saves and loads is correct: a fixed, seeded set of
+"""`persist` (nbs/14_persist.ipynb), the protocol: any order of saves and loads is correct: a fixed, seeded set of
 random programs on 2 and 3 real ranks"""
 import sys, random, pytest
 import protocol_model as pm

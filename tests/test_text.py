@@ -1,10 +1,10 @@
-"""`text` (nbs/20_text.ipynb): `save_encoder`/`load_encoder` under DDP; fastai's tokenizer caches (a folder, a CSV,
+"""`text` (nbs/43_text.ipynb): `save_encoder`/`load_encoder` under DDP; fastai's tokenizer caches (a folder, a CSV,
 SentencePiece) made once per disk and read by every rank, and never taken for whole after a killed tokenization"""
 import sys, time, importlib, subprocess
 from pathlib import Path
 import pytest
 import text_scenarios as t
-from conftest import values, needs_mounts, own_disks
+from conftest import values, needs_mounts, own_disks, ranks
 from ddp_safe_fastai.launch import torchrun_ranks, spawn_ranks
 
 def test_encoder(launch, tmp_path):
@@ -32,7 +32,7 @@ def texts_csv(path):
 def test_tokenize_csv(tmp_path):
     "fastai's `tokenize_csv` on every rank: one rank tokenizes, every rank reads the same file and counter"
     texts_csv(tmp_path/'texts.csv')
-    r0,r1 = values(torchrun_ranks(t.csv_tokenized, str(tmp_path), timeout=180))
+    r0,r1 = values(ranks(t.csv_tokenized, str(tmp_path), timeout=180))
     assert r0['rows'] == r1['rows'] == 40 and r0['text'] == r1['text'] and r0['counter'] == r1['counter']
     assert r0['tokenized'] + r1['tokenized'] == 4  # one rank tokenized the 4 chunks of 10 rows
 
@@ -40,7 +40,7 @@ def test_tokenize_csv(tmp_path):
 def test_sentencepiece(tmp_path):
     "`SentencePieceTokenizer` on every rank: trained once, one vocabulary, its temporary texts removed"
     texts_csv(tmp_path/'texts.csv')
-    r0,r1 = values(torchrun_ranks(t.sentencepiece_from_df, str(tmp_path), timeout=180))
+    r0,r1 = values(ranks(t.sentencepiece_from_df, str(tmp_path), timeout=180))
     assert r0['vocab'] == r1['vocab'] and r0['trained'] + r1['trained'] == 1
     assert r0['files'] == ['spm.model', 'spm.vocab']  # texts.out removed once, after the one training
 

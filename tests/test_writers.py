@@ -1,9 +1,9 @@
-"""`writers` (nbs/31_writers.ipynb): fastai's everyday writers under DDP (lr_find, CSVLogger, get_preds' files, image
+"""`writers` (nbs/44_writers.ipynb): fastai's everyday writers under DDP (lr_find, CSVLogger, get_preds' files, image
 folders, TensorBoard), on 2 CPU ranks started by torchrun, `accelerate launch` or `mp.spawn`"""
 import importlib
 import pytest
 import writers_scenarios as w
-from conftest import values, accelerate_cmd, torchvision_imports
+from conftest import values, accelerate_cmd, torchvision_imports, ranks
 from ddp_safe_fastai.launch import torchrun_ranks, spawn_ranks
 
 @pytest.fixture(params=['torchrun', 'accelerate', 'spawn'])
@@ -47,7 +47,7 @@ def test_image_folders(tmp_path):
     (tmp_path/'web').mkdir()
     for i in range(6): Image.new('RGB', (32, 24), (40*i, 0, 0)).save(tmp_path/'web'/f'{i}.png')
     urls = [f"file://{tmp_path/'web'/f'{i}.png'}" for i in range(6)]
-    r0,r1 = values(torchrun_ranks(w.image_folders, str(tmp_path), urls, timeout=180))
+    r0,r1 = values(ranks(w.image_folders, str(tmp_path), urls, timeout=180))
     assert r0['downloaded'] == r1['downloaded'] == 6 and r0['small'] == r1['small'] == 6  # one copy of each image
     assert r0['broken'] == r1['broken'] == 0 and r0['downloads'] + r1['downloads'] == 6
 

@@ -1,11 +1,11 @@
-"""`writers` (nbs/31_writers.ipynb), `untar_data`: fastai's `untar_data` called by every rank at once (fastdownload
+"""`writers` (nbs/44_writers.ipynb), `untar_data`: fastai's `untar_data` called by every rank at once (fastdownload
 holds a file lock on `<archive>.lock` around "extracted? else download and extract"): one download, one whole tree,
 the same path on every rank"""
 import random, tarfile, importlib, pytest
 from pathlib import Path
 import fastai.data
 import writers_untar_scenarios as s
-from conftest import values
+from conftest import values, ranks
 from ddp_safe_fastai.launch import torchrun_ranks, spawn_ranks
 
 @pytest.fixture(scope='module')
@@ -44,7 +44,7 @@ def _env(tmp_path):
 
 def test_torchrun(archive, tmp_path):
     "`untar_data` on 2 ranks under torchrun"
-    res = values(torchrun_ranks(s.untar_on_every_rank, archive[0], *_dirs(tmp_path), nproc=2, timeout=180, env=_env(tmp_path)))
+    res = values(ranks(s.untar_on_every_rank, archive[0], *_dirs(tmp_path), nproc=2, timeout=180, env=_env(tmp_path)))
     check(res, archive, tmp_path, tmp_path)
 
 def test_two_nodes_sharing_a_disk(archive, tmp_path):
@@ -61,15 +61,15 @@ def test_spawn(archive, tmp_path):
 def test_fastai_home_made_by_every_rank(archive, tmp_path):
     "No `base`, `archive` or `data`: every rank makes fastai's FASTAI_HOME and its `config.ini` at once"
     home = tmp_path/'fastai_home'
-    res = values(torchrun_ranks(s.untar_on_every_rank, archive[0], nproc=2, timeout=180, env=_env(tmp_path)))
+    res = values(ranks(s.untar_on_every_rank, archive[0], nproc=2, timeout=180, env=_env(tmp_path)))
     check(res, archive, tmp_path, home)
     assert (home/'config.ini').read_text() == "[DEFAULT]\ndata = data\narchive = archive\nstorage = tmp\nmodel = models\n\n"
 
 def test_forced_download_on_every_rank(archive, tmp_path):
     "`force_download=True` on every rank: rank 0 downloads again, the others take its copy (no tree removed under them)"
     env = _env(tmp_path)
-    values(torchrun_ranks(s.untar_on_every_rank, archive[0], *_dirs(tmp_path), nproc=2, timeout=180, env=env))
-    res = values(torchrun_ranks(s.untar_on_every_rank, archive[0], *_dirs(tmp_path), True, nproc=2, timeout=180, env=env))
+    values(ranks(s.untar_on_every_rank, archive[0], *_dirs(tmp_path), nproc=2, timeout=180, env=env))
+    res = values(ranks(s.untar_on_every_rank, archive[0], *_dirs(tmp_path), True, nproc=2, timeout=180, env=env))
     check(res, archive, tmp_path, tmp_path)
 
 def _read_config(home, barrier, q):

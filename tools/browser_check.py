@@ -70,7 +70,7 @@ def main():
     print(f"{r['width']} px wide: main text {r['main']:.0f} px, sidebar {r['sidebar']:.0f} px")
     if a.shots:
         Path(a.shots).mkdir(parents=True, exist_ok=True)
-        for page in ('index', '30_callback'):
+        for page in ('index', '47_callback'):
             for w in (1400, 375): chromium(f'--screenshot={Path(a.shots).resolve()}/{page}-{w}.png', url + f'{page}.html', width=w)
     srv.shutdown()
     failed = r['problems'] + [f'search for {NAME} does not land on its entry'] * (not (r['entry'] or '').startswith(NAME)) \

@@ -20,6 +20,8 @@ if [ -n "$(git status --porcelain -uno)" ]; then
 fi
 echo "== dev: pyflakes"
 tools/lint.sh
+echo "== the package's layers: no cycle, no import inside a function, none from a layer above"
+.venv-dev/bin/python tools/imports.py
 echo "== packaging (in the background; its output follows the tests): sdist and wheel built, twine-checked, installed outside the repository, README example run"
 package_log=$(mktemp /tmp/ddp_safe_package.XXXXXX)
 setsid tools/package.sh > "$package_log" 2>&1 & package=$!
