@@ -76,8 +76,8 @@ def train(root, name):
                 lrs=[float(l) for l in rec.lrs], stopped_at=len(rec.values),
                 states=[(type(cb).__name__, repr(callback_state(cb))) for cb in learn.cbs if callback_state(cb) is not None])
 
-def run(root, name, kill_when=None):
-    outs = torchrun_ranks(train, str(root), name, init=False, timeout=300, kill_when=kill_when)
+def run(root, name, kill_when=None, ranks=torchrun_ranks):
+    outs = ranks(train, str(root), name, init=False, timeout=300, kill_when=kill_when)
     if outs is None: return None
     bad = [o for o in outs if not o.ok]
     if bad: raise RuntimeError(f"{name}: {bad}")
@@ -91,21 +91,21 @@ def killer(root, after=None, seen=None):
         return after is not None and bool(seen) and time.monotonic() - seen[0] >= after
     return check
 
-def uninterrupted(name):
+def uninterrupted(name, ranks=torchrun_ranks):
     "The results of an uninterrupted run, and how long it ran after its first checkpoint"
     seen = []
-    with tempfile.TemporaryDirectory() as d: full = run(d, name, killer(d, seen=seen))
+    with tempfile.TemporaryDirectory() as d: full = run(d, name, killer(d, seen=seen), ranks)
     return full, time.monotonic() - seen[0]
 
-def trial(name, full, seconds, rng):
+def trial(name, full, seconds, rng, ranks=torchrun_ranks):
     "Kill a run of `name` at a random moment, run it again; the keys of the result that differ from `full`"
     with tempfile.TemporaryDirectory() as d:
         after = rng.uniform(0, 0.9*seconds)
-        killed = run(d, name, killer(d, after)) is None
-        res = run(d, name)
+        killed = run(d, name, killer(d, after), ranks) is None
+        res = run(d, name, ranks=ranks)
     return killed, after, [k for k in full[0] if any(r[k] != f[k] for r,f in zip(res, full))]
 
-def main(argv=None):
+def main(argv=None, ranks=torchrun_ranks): # `ranks`: how the 2 ranks of each run start (a test passes a pool of them)
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--trials', type=int, default=5)
     p.add_argument('--set', action='append', choices=list(SETS))
@@ -115,8 +115,8 @@ def main(argv=None):
     print("| callback set | epochs of the last fit, uninterrupted | trials | killed mid-run | kill times (s after the first checkpoint) | identical to the uninterrupted run |")
     print("|---|---:|---:|---:|---|---:|")
     for name in a.set or SETS:
-        full,seconds = uninterrupted(name)
-        rows = [trial(name, full, seconds, rng) for _ in range(a.trials)]
+        full,seconds = uninterrupted(name, ranks)
+        rows = [trial(name, full, seconds, rng, ranks) for _ in range(a.trials)]
         same = sum(not diff for _,_,diff in rows)
         failed += a.trials - same + sum(not k for k,_,_ in rows)  # a kill that came after the end tests nothing
         diffs = '; '.join(f"kill at {t:.1f}s: {diff}" for _,t,diff in rows if diff)

@@ -12,7 +12,6 @@ from .patches import *  # every change to fastai, applied before a callback runs
 with fastai_defaults_kept(): from fastai.callback.tracker import SaveModelCallback, TrackerCallback
 from .core import *
 from .persist import check_not_replaced
-from .learner import *
 from .learner import save_learner
 from .storage import destination
 from .object_store import ObjectStoreDir, check_writable

@@ -173,7 +173,7 @@ def _serve(pool, rank, warm):
         job = Path(pool)/f'job{n}'
         while not (job/'spec.pickle').exists():
             if (Path(pool)/'stop').exists(): os._exit(0)
-            time.sleep(0.005)
+            time.sleep(0.05)  # an idle rank: its polls cost next to nothing, and a job waits for it 50 ms at most
         pid = os.fork()
         if pid == 0: return job, pickle.loads((job/'spec.pickle').read_bytes())  # the job's own process
         (job/f'pid.{rank}').write_text(str(pid))
@@ -183,7 +183,8 @@ def _serve(pool, rank, warm):
 # %% ../nbs/55_launch.ipynb #74535f12
 def _run_job(job, spec, rank, world, torchrun):
     "In the process forked for a job: its output to the job's folder, a process group of its own, the function; then exit as a rank does"
-    mod,name,args,init,env,port = spec
+    mod,name,args,init,env,port,path = spec
+    sys.path[:0] = [p for p in path if p not in sys.path]  # where the parent finds the function's module now
     with open(job/f'log.{rank}', 'w') as log: os.dup2(log.fileno(), 1); os.dup2(log.fileno(), 2)
     os.environ.update(env)
     if torchrun: os.environ['MASTER_PORT'] = str(port)  # the store of this function's processes, outside them, as the agent's is
@@ -234,21 +235,26 @@ class RankPool:
             *args, # its arguments (picklable)
             timeout=60, # seconds before the processes still running are killed and named
             init=True, # torchrun: make the gloo process group before calling `f` (spawn: always)
-            env=None): # extra environment variables for this function's processes
-        "Run `f(*args)` on the pool's ranks; one `Outcome` per rank"
+            env=None, # extra environment variables for this function's processes
+            kill_when=None): # a function polled while they run: when it returns True, SIGKILL them all
+        "Run `f(*args)` on the pool's ranks; one `Outcome` per rank (None if `kill_when` fired)"
         self.n += 1
         job = self.dir/f'job{self.n}'; job.mkdir()
         store = dist.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout+60)) if self.launcher == 'torchrun' else None
-        (job/'spec.tmp').write_bytes(pickle.dumps((_module_of(f), f.__qualname__, args, init, env or {}, store.port if store else free_port())))
+        (job/'spec.tmp').write_bytes(pickle.dumps((_module_of(f), f.__qualname__, args, init, env or {}, store.port if store else free_port(), sys.path)))
         (job/'spec.tmp').rename(job/'spec.pickle')
         deadline = time.monotonic() + timeout
         ended = lambda: all((job/f'done.{r}').exists() for r in range(self.nproc))
-        while not ended() and time.monotonic() < deadline: time.sleep(0.005)
+        killed = False
+        while not ended() and not killed and time.monotonic() < deadline:
+            killed = bool(kill_when and kill_when())
+            time.sleep(0.005 if kill_when else 0.02)  # a kill lands within 5 ms of its moment
         stalled = not ended()
         if stalled:
             for p in job.glob('pid.*'): kill_tree(int(p.read_text()))
             while not ended() and time.monotonic() < deadline + 30: time.sleep(0.01)
         del store  # every process of the function has ended
+        if killed: return None
         log = ''.join(p.read_text(errors='replace') for p in sorted(job.glob('log.*')))
         return _collect(job, self.nproc, timeout, stalled, log)
 

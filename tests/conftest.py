@@ -7,17 +7,19 @@ from ddp_safe_fastai.launch import spawn_ranks, torchrun_ranks, free_port, RankP
 
 os.environ.setdefault('DDP_SAFE_TIMEOUT', '60')  # a stuck all-gather fails a test within a minute, naming the ranks
 
-_pools = {}  # launcher -> this session's `RankPool` of 2 ranks, started at its first use
+_pools = {}  # (launcher, nproc) -> this session's `RankPool`, started at its first use
+_pooled = (2, 3)  # the world sizes most tests use; the others start ranks afresh
 
-def pool(launcher):
-    "This session's pool of 2 ranks started by `launcher` ('torchrun' or 'spawn')"
-    if launcher not in _pools: _pools[launcher] = RankPool(launcher, warm=('ddp_safe_fastai.all', 'ddp_safe_fastai.testing', 'fastai.basics'))
-    return _pools[launcher]
+def pool(launcher, nproc=2):
+    "This session's pool of `nproc` ranks started by `launcher` ('torchrun' or 'spawn')"
+    if (launcher,nproc) not in _pools:
+        _pools[launcher,nproc] = RankPool(launcher, nproc, warm=('ddp_safe_fastai.all', 'ddp_safe_fastai.testing', 'fastai.basics'))
+    return _pools[launcher,nproc]
 
-def ranks(f, *args, nproc=2, timeout=120, init=True, env=None):
-    "`torchrun_ranks`, its 2 ranks from the session's torchrun pool: for a test whose subject is not the launcher"
-    if nproc == 2: return pool('torchrun').run(f, *args, timeout=timeout, init=init, env=env)
-    return torchrun_ranks(f, *args, nproc=nproc, timeout=timeout, init=init, env=env)
+def ranks(f, *args, nproc=2, timeout=120, init=True, env=None, kill_when=None):
+    "`torchrun_ranks`, its ranks from the session's torchrun pool of that size: for a test whose subject is not the launcher"
+    if nproc in _pooled: return pool('torchrun', nproc).run(f, *args, timeout=timeout, init=init, env=env, kill_when=kill_when)
+    return torchrun_ranks(f, *args, nproc=nproc, timeout=timeout, init=init, env=env, kill_when=kill_when)
 
 @pytest.fixture(scope='session', autouse=True)
 def _pools_stopped():
@@ -28,7 +30,7 @@ def _pools_stopped():
 def launch(request):
     "Run a scenario on real ranks; `init=False` leaves the process group to fastai's `distrib_ctx` (torchrun only)"
     def run(f, *args, nproc=2, timeout=120, init=True, env=None):
-        if nproc == 2: return pool(request.param).run(f, *args, timeout=timeout, init=init, env=env)
+        if nproc in _pooled: return pool(request.param, nproc).run(f, *args, timeout=timeout, init=init, env=env)
         if request.param == 'spawn': return spawn_ranks(f, *args, nproc=nproc, timeout=timeout, env=env)
         return torchrun_ranks(f, *args, nproc=nproc, timeout=timeout, init=init, env=env)
     run.name = request.param
@@ -156,3 +158,18 @@ def swift(tmp_path_factory): yield from _server('swift', 'DDP_SAFE_SWIFT_DIR', S
 
 @pytest.fixture(scope='session')
 def azurite(tmp_path_factory): yield from _server('azurite', 'DDP_SAFE_AZURITE_DIR', Azurite, tmp_path_factory)
+
+_shared = {'swift': 'object storage', 'azurite': 'object storage', 'store': 'object storage', 'hosts_apart': 'network namespaces'}
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the marks to name each test's group
+def pytest_collection_modifyitems(items):
+    "With pytest-xdist (`-n 2 --dist loadgroup`), the tests that share one server, or one set of addresses, run on one worker, one at a time"
+    for item in items:
+        group = 'slurm' if item.path.name == 'test_checkpoint_slurm.py' else next((g for f,g in _shared.items() if f in item.fixturenames), None)
+        if group: item.add_marker(pytest.mark.xdist_group(group))
+
+def pytest_xdist_node_collection_finished(node, ids):
+    "Under `--dist loadgroup`, stop at once if pytest-xdist lost the groups (pytest 9.2, pytest-xdist#1386): tests that share a server would run at once"
+    lost = [i for i in ids if i.split('::')[0].endswith('test_checkpoint_slurm.py') and '@slurm' not in i]
+    if node.config.getoption('dist') == 'loadgroup' and lost:
+        pytest.exit(f"pytest-xdist's --dist loadgroup put {lost[0]} in no group: use a pytest that tools/requirements-latest.txt allows", returncode=4)

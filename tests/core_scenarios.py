@@ -10,14 +10,15 @@ def ranks():
                 main=is_main_process(), env_rank=os.environ.get('RANK'))
 
 def barrier_missing(absent, timeout, late=0.):
-    "Every rank but `absent` enters a barrier, the last rank `late` s after the others; returns how long the wait lasted"
+    "Every rank but `absent` enters a barrier, the last rank `late` s after the others; returns how the wait ended, and how long it lasted"
     if rank_distrib() == absent:
         time.sleep(timeout + late + 8)
         return 'absent'
     if rank_distrib() == num_distrib()-1: time.sleep(late)
     t = time.monotonic()
     try: distrib_barrier(timeout=timeout)
-    finally: print(f"waited {time.monotonic()-t:.1f}s")
+    except Exception as e: return dict(error_type=type(e).__name__, error=str(e), waited=time.monotonic()-t)
+    return dict(error_type=None, error=None, waited=time.monotonic()-t)
 
 def slow_reader_at_the_end(delay):
     "Ranks meet once and leave; every rank but 0 is `delay` s late reading the meeting (rank 0's process may host the store)"
@@ -35,13 +36,6 @@ def exchange_too_large():
     "Rank 1 publishes 9 MB, the others a few bytes; returns what each rank raised"
     try: exchange(b'x'*(9_000_000 if rank_distrib() == 1 else 10), 'large')
     except ValueError as e: return str(e)
-
-def timed(f, *args):
-    t = time.monotonic()
-    try: return f(*args)
-    except Exception as e:
-        e.args = (f"{e.args[0]} [after {time.monotonic()-t:.1f}s]",)
-        raise
 
 def main_first_fails(timeout):
     "The main process raises inside `main_process_first`"

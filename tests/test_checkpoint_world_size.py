@@ -6,7 +6,7 @@ from collections import Counter
 from pathlib import Path
 import pytest
 import checkpoint_world_size_scenarios as s
-from conftest import values
+from conftest import values, ranks
 from ddp_safe_fastai.launch import torchrun_ranks
 
 EVERY = {1: 6, 2: 3, 3: 2}  # a checkpoint every half epoch: 96 samples in batches of 8, dealt to 1, 2 or 3 ranks
@@ -14,8 +14,9 @@ EVERY = {1: 6, 2: 3, 3: 2}  # a checkpoint every half epoch: 96 samples in batch
 def _run(root, nproc, run, stop_at=None, every=None, n=96, **kw):
     Path(root).mkdir(exist_ok=True)
     stop = Path(root)/'stop'
-    return torchrun_ranks(s.any_world_fit, str(root), run, every, stop_at, n, init=False, nproc=nproc, timeout=300,
-                          kill_when=(stop.exists if stop_at else None), **kw)
+    run_on = torchrun_ranks if kw else ranks  # nodes of their own, or an elastic run: the launcher's
+    return run_on(s.any_world_fit, str(root), run, every, stop_at, n, init=False, nproc=nproc, timeout=300,
+                  kill_when=(stop.exists if stop_at else None), **kw)
 
 def _samples(root):
     return [json.loads(l) for l in (Path(root)/'samples.jsonl').read_text().splitlines()]

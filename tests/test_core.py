@@ -1,6 +1,5 @@
 """`core` (nbs/04_core.ipynb): who each process is, under torchrun and under `mp.spawn` with no launcher environment;
 meetings (barriers, exchanges, `main_process_first`) that end on every rank, naming the rank that did not come"""
-import time
 import pytest
 import core_scenarios as s
 from conftest import values, ranks
@@ -17,18 +16,18 @@ def test_rank_detection(launch, nproc):
 
 def test_barrier_names_the_missing_rank(launch):
     "A barrier rank 1 never comes to: the others raise `DistributedTimeoutError` naming rank 1 after the timeout, not the backend's 30 minutes"
-    t = time.monotonic()
-    res = launch(s.barrier_missing, 1, 3, nproc=3, timeout=60)
-    assert res[1].value == 'absent'
+    res = values(launch(s.barrier_missing, 1, 3, nproc=3, timeout=60))
+    assert res[1] == 'absent'
     for o in (res[0], res[2]):
-        assert o.error_type == 'DistributedTimeoutError', o
-        assert 'rank(s) [1] did not arrive within 3s' in o.error
-    assert time.monotonic() - t < 3 + 8 + 20  # the waits lasted the timeout, not the backend's 30 minutes
+        assert o['error_type'] == 'DistributedTimeoutError', o
+        assert 'rank(s) [1] did not arrive within 3s' in o['error']
+        assert o['waited'] < 3 + 20, o  # the wait lasted the timeout, not the backend's 30 minutes
+    assert max(res[0]['waited'], res[2]['waited']) >= 3, res  # the first to give up waited the whole timeout
 
 def test_barrier_failure_reaches_a_late_rank(launch):
     "Rank 2 comes 2 s after rank 0, rank 1 never: rank 0 gives up first, and rank 2 still names rank 1"
-    res = launch(s.barrier_missing, 1, 3, 2., nproc=3, timeout=60)
-    for o in (res[0], res[2]): assert 'rank(s) [1] did not arrive within 3s' in str(o.error), o
+    res = values(launch(s.barrier_missing, 1, 3, 2., nproc=3, timeout=60))
+    for o in (res[0], res[2]): assert 'rank(s) [1] did not arrive within 3s' in str(o['error']), o
 
 def test_last_meeting_outlives_the_store_host(launch):
     "Rank 0 leaves the process at once after a meeting that the others read 1 s late: they still read it"
@@ -41,9 +40,8 @@ def test_too_large_an_exchange_fails_on_every_rank(launch):
 
 def test_barrier_timeout_is_prompt():
     "On the ranks that arrived, the error comes within the timeout plus a few seconds"
-    res = ranks(s.timed, s.barrier_missing, 1, 3, nproc=2, timeout=60)
-    secs = float(res[0].error.split('[after ')[1].split('s]')[0])
-    assert 3 <= secs < 3 + 3, res[0]
+    o = values(ranks(s.barrier_missing, 1, 3, nproc=2, timeout=60))[0]
+    assert o['error_type'] == 'DistributedTimeoutError' and 3 <= o['waited'] < 3 + 3, o
 
 def test_main_process_first_failure_reaches_every_rank(launch):
     "The main process raises inside `main_process_first`: every other rank raises a `CheckpointError` carrying its error and naming rank 0"

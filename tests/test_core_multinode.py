@@ -9,7 +9,7 @@ from ddp_safe_fastai.launch import torchrun_ranks
 
 pytestmark = needs_mounts
 
-@pytest.fixture(params=['one address', pytest.param('hosts apart', marks=needs_netns)])
+@pytest.fixture(params=['one address', pytest.param('hosts apart', marks=[needs_netns, pytest.mark.xdist_group('network namespaces')])])
 def nodes(request, tmp_path):
     "Run a scenario on the 2 nodes, with the checkpoint path as first argument; also gives each node's disk"
     if request.param == 'one address': (mnt, disks, prefix),host,gloo = own_disks(tmp_path),'127.0.0.1',{}
@@ -63,7 +63,7 @@ def test_resume_on_both_nodes(nodes, scope):
     assert sorted([_listing(disks[0], 'models/ckpt'), _listing(disks[1], 'models/ckpt')]) == \
            ([[], full] if scope == 'global' else [full, full])
 
-hosts_apart = pytest.mark.parametrize('nodes', [pytest.param('hosts apart', marks=needs_netns)], indirect=True)
+hosts_apart = pytest.mark.parametrize('nodes', [pytest.param('hosts apart', marks=[needs_netns, pytest.mark.xdist_group('network namespaces')])], indirect=True)
 
 @hosts_apart
 def test_tokenizer_cache_once_per_node(nodes):

@@ -1,19 +1,25 @@
 """`files` (nbs/05_files.ipynb): a file written by `atomic_torch_save` is whole whenever its writer is killed (a plain
 `torch.save` is not); a save the disk has no room for is refused on every rank before it is written"""
-import sys, time, signal, random, subprocess, textwrap
+import os, sys, time, signal, random, subprocess, textwrap
 import torch
 import files_scenarios as s
 from conftest import values, needs_mounts
 from ddp_safe_fastai.files import atomic_torch_save
 from ddp_safe_fastai.launch import torchrun_ranks
 
-_writer = textwrap.dedent('''
-    import sys, torch
+# Writers forked, one a trial, by a process that imported torch once: each rewrites the file until it is killed
+_writers = textwrap.dedent('''
+    import os, sys, torch
     from ddp_safe_fastai.files import atomic_torch_save
-    f, n = sys.argv[1], int(sys.argv[2])
-    save = atomic_torch_save if sys.argv[3] == 'atomic' else (lambda o, f: torch.save(o, f))
-    print('ready', flush=True)
-    for v in range(1, 10**6): save({'v': v, 'w': torch.full((n,), float(v))}, f)
+    for line in sys.stdin:
+        cmd, *a = line.split()
+        if cmd == 'reap': os.waitpid(int(a[0]), 0); print('reaped', flush=True); continue
+        if os.fork(): continue
+        f, n = a[0], int(a[1])
+        save = atomic_torch_save if cmd == 'atomic' else (lambda o, f: torch.save(o, f))
+        print(os.getpid(), flush=True)
+        for v in range(1, 10**6): save({'v': v, 'w': torch.full((n,), float(v))}, f)
+        os._exit(0)
 ''')
 
 def _crash_trials(tmp_path, mode, trials, n=25_000_000):
@@ -21,15 +27,19 @@ def _crash_trials(tmp_path, mode, trials, n=25_000_000):
     f = tmp_path/'ckpt.pth'
     atomic_torch_save({'v': 0, 'w': torch.zeros(n)}, f)
     bad = 0
-    for i in range(trials):
-        p = subprocess.Popen([sys.executable, '-c', _writer, str(f), str(n), mode], stdout=subprocess.PIPE)
-        p.stdout.readline()
-        time.sleep(random.uniform(0, 1.5))
-        p.send_signal(signal.SIGKILL); p.wait()
-        try:
-            o = torch.load(f)
-            if not torch.equal(o['w'], torch.full((n,), float(o['v']))): bad += 1
-        except Exception: bad += 1
+    with subprocess.Popen([sys.executable, '-c', _writers], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as forks:
+        for i in range(trials):
+            forks.stdin.write(f"{mode} {f} {n}\n"); forks.stdin.flush()
+            pid = int(forks.stdout.readline())  # the writer, about to write
+            time.sleep(random.uniform(0, 1.5))
+            os.kill(pid, signal.SIGKILL)
+            forks.stdin.write(f"reap {pid}\n"); forks.stdin.flush()
+            assert forks.stdout.readline() == 'reaped\n'  # it has ended: it writes nothing more
+            try:
+                o = torch.load(f)
+                if not torch.equal(o['w'], torch.full((n,), float(o['v']))): bad += 1
+            except Exception: bad += 1
+        forks.stdin.close()
     return bad
 
 def test_atomic_save_survives_sigkill(tmp_path):

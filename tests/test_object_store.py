@@ -45,7 +45,7 @@ def test_resume_from_the_bucket_on_a_wiped_disk(tmp_path, store):
     url,path = f"{store.scheme}://{bucket}/run1",f"{bucket}/run1"
     whole = values(ranks(fit_to, str(tmp_path/'whole'), f"{store.scheme}://{bucket}/whole", init=False, timeout=240, env=store.env))
     killed = lambda: (tmp_path/'a'/'killed').exists()
-    assert torchrun_ranks(fit_to, str(tmp_path/'a'), url, 4, 1, init=False, timeout=240, env=store.env, kill_when=killed) is None
+    assert ranks(fit_to, str(tmp_path/'a'), url, 4, 1, init=False, timeout=240, env=store.env, kill_when=killed) is None
     fs = store.fs()
     assert listed(fs, path) == ['epoch_0001', 'epoch_0002', 'latest']
     assert fs.cat_file(path+'/latest') == b'epoch_0002'
@@ -129,7 +129,7 @@ def test_store_away_for_a_while(tmp_path, swift):
     "The store stops answering during the run and comes back 10 s later: the uploads retry, the run ends, its last checkpoint in the bucket"
     url = f"s3://{swift.bucket()}/run"
     away = AwayWhile(swift, lambda: (tmp_path/'models'/local_copy_name(url)/'epoch_0001'/'manifest.json').exists(), 10)  # its upload under way
-    r0,r1 = values(torchrun_ranks(fit_slowly, str(tmp_path), url, 6, init=False, timeout=240, env=swift.env, kill_when=away))
+    r0,r1 = values(ranks(fit_slowly, str(tmp_path), url, 6, init=False, timeout=240, env=swift.env, kill_when=away))
     assert r0['error'] is None and r1['error'] is None and away.away is None
     fs = swift.fs()
     assert fs.cat_file(url[5:]+'/latest') == b'epoch_0006'
@@ -141,7 +141,7 @@ def test_store_gone_fails_at_the_next_commit(tmp_path, swift):
     url = f"s3://{swift.bucket()}/run"
     cache = tmp_path/'a'/'models'/local_copy_name(url)
     away = AwayWhile(swift, Uploaded(swift.fs(), url, 'epoch_0001'), None)
-    try: outs = torchrun_ranks(fit_slowly, str(tmp_path/'a'), url, 6, init=False, timeout=240, env={**swift.env, 'DDP_SAFE_UPLOAD_RETRY': '3'}, kill_when=away)
+    try: outs = ranks(fit_slowly, str(tmp_path/'a'), url, 6, init=False, timeout=240, env={**swift.env, 'DDP_SAFE_UPLOAD_RETRY': '3'}, kill_when=away)
     finally: swift.start_proxy()
     r0,r1 = values(outs)
     assert r0['error'] == r1['error'] and r0['error'] is not None, (r0, r1)
@@ -164,8 +164,8 @@ def test_kill_during_an_upload(tmp_path, swift):
     one before, and aborts the multipart uploads a kill left open under the run's prefix (not another's)"""
     url = f"s3://{swift.bucket()}/run"
     cache = tmp_path/'a'/'models'/local_copy_name(url)
-    assert torchrun_ranks(fit_with_ballast, str(tmp_path/'a'), url, 4, init=False, timeout=240, env=swift.env,
-                          kill_when=lambda: (cache/'epoch_0002'/'manifest.json').exists()) is None  # committed here: its upload starts
+    assert ranks(fit_with_ballast, str(tmp_path/'a'), url, 4, init=False, timeout=240, env=swift.env,
+                 kill_when=lambda: (cache/'epoch_0002'/'manifest.json').exists()) is None  # committed here: its upload starts
     fs = swift.fs()
     assert fs.cat_file(url[5:]+'/latest') == b'epoch_0001'
     assert not fs.exists(url[5:]+'/epoch_0002/manifest.json')

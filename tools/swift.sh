@@ -42,8 +42,8 @@ start)
   done
   echo "http://127.0.0.1:${ports[proxy]}" > "$dir/endpoint"
   wait_for_proxy ;;
-proxy-start)
-  start_server proxy
+proxy-start)  # a proxy already running is kept: a second would share its port
+  kill -0 "$(cat "$dir/run/proxy.pid")" 2>/dev/null || start_server proxy
   wait_for_proxy ;;
 proxy-stop)
   kill -- -"$(cat "$dir/run/proxy.pid")"

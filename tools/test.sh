@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # "dev" (nbdev 2.4.14, fastcore 1.14, fastai 2.8.7): notebooks, lint, packaging, the documentation site, and the tests
 # that pin fastai 2.8.7 (drop-in behaviour, the table of changes, the census of writers); "latest" (fastai 2.8.12, what
-# `pip install fastai` gives a user): the whole behavioural suite, once, in one pytest process (2 pytest workers gained
-# little: the tests' ranks keep both cores busy)
+# `pip install fastai` gives a user): the whole behavioural suite, once, in two pytest workers (pytest-xdist: many tests
+# wait, for a scheduler, a store, a kill; those that share a server or addresses run on one worker, see conftest.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools/env.sh dev > /tmp/ddp_safe_env_dev.log 2>&1 & dev_env=$!  # two downloads at once
@@ -46,7 +46,7 @@ tools/swift.sh start "$swift_dir"
 tools/azurite.sh start "$azurite_dir"
 export DDP_SAFE_SWIFT_DIR=$swift_dir DDP_SAFE_AZURITE_DIR=$azurite_dir
 echo "== latest: behavioural tests, their ranks on the CPU (a GPU is hidden from them: two ranks of one GPU would get an nccl group, which NCCL refuses)"
-(cd tests && CUDA_VISIBLE_DEVICES= ../.venv-latest/bin/python -m pytest "${pytest_args[@]}" --ignore=test_cuda.py)
+(cd tests && CUDA_VISIBLE_DEVICES= ../.venv-latest/bin/python -m pytest "${pytest_args[@]}" -n 2 --dist loadgroup --ignore=test_cuda.py)
 echo "== latest: the nccl and CUDA paths (skipped without a GPU)"
 (cd tests && ../.venv-latest/bin/python -m pytest "${pytest_args[@]}" test_cuda.py)
 echo "== packaging: its output"
