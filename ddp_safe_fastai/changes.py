@@ -320,6 +320,9 @@ process_changes = [
     *_prows('environment', 'os.environ', 'MASTER_PORT', "in each process a `RankPool` forks for a function under torchrun, with the "
             "caller's `env`: the store of that function's processes, which the pool hosts", "the agent's store outlives the functions "
             "run before: a function's processes would read the keys of another's", 'launch:_run_job'),
+    *_prows('import path', 'sys.path', 'sys.path', "in each process a `RankPool` forks for a function: the folders of the caller's "
+            "`sys.path` it lacks, put first", "the caller may have added the folder of the function's module after the pool started",
+            'launch:_run_job'),
     *_prows('threads', 'torch.set_num_threads', 'num_threads', "in each rank `spawn_ranks` starts: its threads, 1 unless `OMP_NUM_THREADS` says",
             "as torchrun does: ranks on one machine share its cores", 'launch:_spawned launch:_pool_spawned'),
     *_prows('attribute added', "each owner of a replaced attribute of `fastai_changes`", '_fastai_<name>',
