@@ -14,13 +14,13 @@ from .core import *
 from .persist import check_not_replaced
 from .learner import save_learner
 from .storage import destination
-from .object_store import ObjectStoreDir, check_writable
+from .object_store import SecretStorageOptions
 
 # %% auto #0
 __all__ = ['SafeSaveModelCallback']
 
 # %% ../nbs/47_callback.ipynb #5b422749
-class SafeSaveModelCallback(SaveModelCallback):
+class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
     "A `SaveModelCallback` that is correct under DDP: one decision, one writer, a reload of this fit's file only"
     def __init__(self, 
         monitor='valid_loss', # value (usually loss or metric) being monitored.
@@ -33,21 +33,21 @@ class SafeSaveModelCallback(SaveModelCallback):
         reset_on_fit=True, # before model fitting, reset value being monitored to -infinity (if monitor is metric) or +infinity (if monitor is loss).
         scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
         async_save=True, # write in the background: training waits only for a copy in host memory
-        storage_options=None, # with a URL `fname`: the fsspec file system's options (endpoint, credentials)
+        storage_options=None, # with a URL `fname`: the fsspec file system's options (endpoint, credentials); never pickled
     ):
         super().__init__(monitor, comp, min_delta, fname, every_epoch, at_end, with_opt, reset_on_fit)
         check_scope(scope)
-        store_attr('scope,async_save,storage_options')
+        store_attr('scope,async_save')
         self.saving = []  # the handles of its saves in the background, which it waits on
         # with a URL, the model is saved under a local name and uploaded; the end-of-fit reload reads the local copy
         local,self.url = destination(fname, '.')
-        self.fname = str(local)
+        self.fname,self.storage_options = str(local),storage_options
 
     def before_fit(self):
         "Prepare the monitored value; nothing is saved in this fit yet; with a URL, check that the store can be written"
         super().before_fit()
         self._wait_for_saves()  # a fit that raised may have left one writing
-        if self.url: check_writable(ObjectStoreDir(self.url, self.storage_options), f"SafeSaveModelCallback(fname={self.url!r})")
+        if self.url: self.check_store(f"SafeSaveModelCallback(fname={self.url!r})")
         self.saved_in_fit,self.epochs_seen = None,0
 
     def _save(self, name):

@@ -18,7 +18,7 @@ from .resume import ResumePoint
 from .manifest import *
 from .storage import destination
 from .checkpoint_dir import *
-from .object_store import ObjectStoreDir, check_writable
+from .object_store import SecretStorageOptions
 from .files import check_room, state_bytes
 from .signals import *
 from .fastai_imports import fastai_defaults_kept
@@ -91,7 +91,7 @@ def _stopped_early(learn):
 # %% ../nbs/48_checkpoint.ipynb #e8cb57a0
 _exception_meeting = 10  # seconds: after an exception, how long a rank waits for the others to checkpoint with it
 
-class CheckpointCallback(Callback):
+class CheckpointCallback(SecretStorageOptions, Callback):
     "Save the whole training state every `every_epoch` epochs; resume from the latest complete checkpoint, on any world size"
     order = 1000 # the last: the state is taken once every other callback has seen the epoch (trackers, yours)
     def __init__(self,
@@ -111,13 +111,13 @@ class CheckpointCallback(Callback):
                  durable=True, # fsync every file and directory
                  async_save=True, # write in the background: training waits for a copy of all but the weights, copied meanwhile
                  on_exception=False, # when the fit raises: a checkpoint of the last training batch done, if every rank comes
-                 storage_options=None): # with a URL `fname`: the fsspec file system's options (endpoint, credentials), over those of the environment
+                 storage_options=None): # with a URL `fname`: the fsspec file system's options (endpoint, credentials), over those of the environment; never pickled
         check_scope(scope)
         if every_minutes is not None and not (isinstance(every_minutes, (int, float)) and 0 < every_minutes < float('inf')):
             raise ValueError(f"CheckpointCallback(every_minutes={every_minutes!r}): a number of minutes, more than 0")
-        store_attr()
-        url = destination(fname, '.')[1]
-        self.store = ObjectStoreDir(url, storage_options) if url else None  # checkpoints are uploaded there
+        store_attr(but='storage_options')
+        self.url = destination(fname, '.')[1]
+        self.storage_options = storage_options  # and `self.store`, to which checkpoints are uploaded
         if self.store and scope != 'global':  # each node's writer would upload, rotate and move `latest` on its own
             raise ValueError(f"CheckpointCallback(fname={fname!r}, scope={scope!r}): a bucket is one place for every node; use scope='global'")
         if keep_local is not None and not (self.store and isinstance(keep_local, int) and keep_local >= 1):
@@ -148,7 +148,7 @@ class CheckpointCallback(Callback):
         self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
         self.clock = ClockDecision(self.every_minutes) if self.every_minutes else None
         if self.store:
-            check_writable(self.store, f"CheckpointCallback(fname={self.fname!r})")
+            self.check_store(f"CheckpointCallback(fname={self.fname!r})")
             if rank_distrib() == 0: self._abort_unfinished_uploads()
         if self.resume: self._resume()
         if self.stop_on_signal and threading.current_thread() is threading.main_thread(): # after a resume that may raise:

@@ -247,6 +247,7 @@ class RankPool:
         ended = lambda: all((job/f'done.{r}').exists() for r in range(self.nproc))
         killed = False
         while not ended() and not killed and time.monotonic() < deadline:
+            if why := self.ended_ranks(): raise RuntimeError(f"RankPool({self.launcher!r}, {self.nproc}) cannot run {f.__qualname__}: {why}")
             killed = bool(kill_when and kill_when())
             time.sleep(0.005 if kill_when else 0.02)  # a kill lands within 5 ms of its moment
         stalled = not ended()
@@ -258,14 +259,26 @@ class RankPool:
         log = ''.join(p.read_text(errors='replace') for p in sorted(job.glob('log.*')))
         return _collect(job, self.nproc, timeout, stalled, log)
 
+    def ended_ranks(self):
+        "None while every rank of the pool runs; else which ended, in words (a pool whose ranks ended runs nothing more)"
+        if self.launcher == 'torchrun':
+            if self.agent.poll() is None: return None
+            return f"torchrun's agent ended (exit {self.agent.returncode}): {(self.dir/'agent.log').read_text(errors='replace')[-2000:]}"
+        ended = {r: p.exitcode for r,p in enumerate(self.spawned.processes) if not p.is_alive()}
+        return f"its rank(s) ended, with these exit codes: {ended}" if ended else None
+
     def close(self):
-        "Stop the pool's ranks, and remove its folder"
+        "Stop the pool's ranks (killed if they have not within 30 s), and remove its folder"
         (self.dir/'stop').touch()
         if self.launcher == 'torchrun':
             try: self.agent.wait(30)
             except subprocess.TimeoutExpired: kill_tree(self.agent.pid)
             self.log.close()
-        else: self.spawned.join(30)
+        else:
+            try: self.spawned.join(30)
+            except mp.ProcessExitedException: pass  # a rank ended before: the others are stopped all the same
+            for p in self.spawned.processes:
+                if p.is_alive(): p.kill()  # else the interpreter's exit would wait for it
         shutil.rmtree(self.dir, ignore_errors=True)
 
 # %% ../nbs/55_launch.ipynb #7098e25e

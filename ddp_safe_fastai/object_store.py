@@ -15,7 +15,7 @@ from .storage import *
 from .checkpoint_dir import *
 
 # %% auto #0
-__all__ = ['ObjectStoreDir', 'check_writable', 'upload_file', 'FsspecStorage']
+__all__ = ['ObjectStoreDir', 'check_writable', 'SecretStorageOptions', 'upload_file', 'FsspecStorage']
 
 # %% ../nbs/33_object_store.ipynb #13806d4a
 class ObjectStoreDir(StoredCheckpoints):
@@ -62,6 +62,35 @@ def check_writable(store, # an `ObjectStoreDir`
         try: store.check()
         except CheckpointError as e: why = str(e)
     raise_failures(exchange(why, f"{what} (store)"), what)
+
+# %% ../nbs/33_object_store.ipynb #564ac9cb
+class SecretStorageOptions:
+    "Mixin for a callback with a `url`: `store`, made with `storage_options`, which no pickle of the callback holds (`Learner.export`)"
+    _stateattrs = ('_storage_options', 'store', '__stored_args__')  # left out by `Stateful.__getstate__`; fastcore 1's `store_attr` keeps every argument in `__stored_args__`
+    @property
+    def storage_options(self):
+        "The fsspec file system's options; set them again after `load_learner`"
+        return self._storage_options
+
+    @storage_options.setter
+    def storage_options(self, options):
+        self._storage_options,self.options_not_saved = options,()
+        self.store = ObjectStoreDir(self.url, options) if self.url else None
+
+    def __getstate__(self): return {**super().__getstate__(), 'options_not_saved': sorted(self.storage_options or ())}  # their names only
+
+    def __setstate__(self, state):
+        not_saved = state.pop('options_not_saved', ())
+        super().__setstate__(state)
+        self.storage_options,self.options_not_saved = None,not_saved  # the environment's, until set again
+
+    def check_store(self, what): # the caller, for the message: `CheckpointCallback(fname=...)`
+        "`check_writable(self.store, what)`; where a pickle left out options, the message says how to give them"
+        try: check_writable(self.store, what)
+        except CheckpointError as e:
+            if not self.options_not_saved: raise
+            raise CheckpointError(f"{e} (its storage_options {', '.join(self.options_not_saved)} are never saved with the Learner: set "
+                                  f"them again, `learn.{self.name}.storage_options = {{...}}`, or give them in the environment)") from None
 
 # %% ../nbs/33_object_store.ipynb #f1c36fc2
 _all_ = ['upload_file', 'FsspecStorage']

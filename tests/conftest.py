@@ -11,7 +11,8 @@ _pools = {}  # (launcher, nproc) -> this session's `RankPool`, started at its fi
 _pooled = (2, 3)  # the world sizes most tests use; the others start ranks afresh
 
 def pool(launcher, nproc=2):
-    "This session's pool of `nproc` ranks started by `launcher` ('torchrun' or 'spawn')"
+    "This session's pool of `nproc` ranks started by `launcher` ('torchrun' or 'spawn'); started again if its ranks ended (`RankPool.run` raised it)"
+    if (launcher,nproc) in _pools and _pools[launcher,nproc].ended_ranks(): _pools.pop((launcher,nproc)).close()
     if (launcher,nproc) not in _pools:
         _pools[launcher,nproc] = RankPool(launcher, nproc, warm=('ddp_safe_fastai.all', 'ddp_safe_fastai.testing', 'fastai.basics'))
     return _pools[launcher,nproc]
@@ -114,6 +115,10 @@ class Swift:
     @property
     def env(self): return dict(AWS_ENDPOINT_URL=self.endpoint, AWS_ACCESS_KEY_ID='test:tester', AWS_SECRET_ACCESS_KEY='testing',
                                AWS_DEFAULT_REGION='us-east-1')
+    @property
+    def owner(self):
+        "A second user's `storage_options`, its secret new at each start of the server"
+        return dict(endpoint_url=self.endpoint, key='test:owner', secret=Path(self.dir, 'secret').read_text().strip())
     def fs(self):
         import s3fs
         return s3fs.S3FileSystem(endpoint_url=self.endpoint, key='test:tester', secret='testing', skip_instance_cache=True)
@@ -168,6 +173,7 @@ def pytest_collection_modifyitems(items):
         group = 'slurm' if item.path.name == 'test_checkpoint_slurm.py' else next((g for f,g in _shared.items() if f in item.fixturenames), None)
         if group: item.add_marker(pytest.mark.xdist_group(group))
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's: the dev environment has none
 def pytest_xdist_node_collection_finished(node, ids):
     "Under `--dist loadgroup`, stop at once if pytest-xdist lost the groups (pytest 9.2, pytest-xdist#1386): tests that share a server would run at once"
     lost = [i for i in ids if i.split('::')[0].endswith('test_checkpoint_slurm.py') and '@slurm' not in i]

@@ -211,3 +211,68 @@ def test_export_and_best_model_to_a_bucket(tmp_path, swift):
     assert r0['local'] == ['s3_' + bucket + '_run_best.pth', 's3_' + bucket + '_run_export.pkl'], r0['local']
     # a store that cannot be written stops the fit as it starts, on every rank
     assert r0['fit_error'] == r1['fit_error'] and "SafeSaveModelCallback(fname='s3://nosuchbucket123/best'): failed on rank(s) [0]: s3://nosuchbucket123/best cannot be written: the bucket (or container) does not exist" in r0['fit_error'], r0['fit_error']
+
+def fit_and_export_with_options(root, bucket, options):
+    """Both callbacks given in `Learner(cbs=...)`, to URLs, with `storage_options` (the environment has no credential); a
+    fit, `Learner.export` to the disk and to the bucket; then a fit with a wrong secret: what it raised"""
+    learn = synth_learner(n=128, path=Path(root), seed=5, cbs=[
+        CheckpointCallback(f"s3://{bucket}/ckpt", storage_options=options),
+        SafeSaveModelCallback(fname=f"s3://{bucket}/best", storage_options=options)])
+    with learn.distrib_ctx(): learn.fit(2, 0.02)
+    learn.export()
+    learn.export(f"s3://{bucket}/export.pkl", storage_options=options)
+    try:
+        with learn.distrib_ctx(): learn.fit(1, cbs=CheckpointCallback(f"s3://{bucket}/other", storage_options={**options, 'secret': 'not' + options['secret']}))
+    except CheckpointError as e: return str(e)
+
+_loaded_elsewhere = """
+import sys
+from pathlib import Path
+from fastai.learner import load_learner
+from ddp_safe_fastai.all import *
+from ddp_safe_fastai.testing import synth_learner
+export, root, options = sys.argv[1], sys.argv[2], eval(sys.argv[3])
+learn = load_learner(export)
+learn.path, learn.dls = Path(root), synth_learner(n=128, path=Path(root), seed=5).dls
+if options == 'none':
+    try: learn.fit(1)
+    except CheckpointError as e: print(e)
+else:
+    if options: learn.checkpoint.storage_options = learn.safe_save_model.storage_options = options
+    learn.fit(1)
+    print(learn.checkpoint.resumed_from, learn.checkpoint.dir.named_latest())
+"""
+
+def test_no_credential_in_a_file(tmp_path, swift):
+    """Credentials given in `storage_options` to both callbacks attached to the Learner: no file the run writes (export,
+    checkpoints, manifests, the best model, on the disk and in the bucket) and no error holds the key or the secret; the
+    export, loaded on another machine, says which options it lacks, and fits again once they are given again or the
+    environment holds them"""
+    bucket, owner = swift.bucket(), swift.owner
+    no_credentials = {'AWS_ACCESS_KEY_ID': '', 'AWS_SECRET_ACCESS_KEY': '', 'AWS_EC2_METADATA_DISABLED': 'true',
+                      'AWS_SHARED_CREDENTIALS_FILE': str(tmp_path/'none'), 'AWS_CONFIG_FILE': str(tmp_path/'none')}
+    errors = values(ranks(fit_and_export_with_options, str(tmp_path/'run'), bucket, owner, init=False, timeout=240, env=no_credentials))
+    assert errors[0] == errors[1] and f"s3://{bucket}/other" in errors[0], errors  # the wrong secret was refused, on every rank
+    fs = swift.fs()
+    written = {str(p): p.read_bytes() for p in (tmp_path/'run').rglob('*') if p.is_file()}
+    written.update({f"s3://{k}": fs.cat_file(k) for k in fs.find(bucket)})
+    assert f"{tmp_path}/run/export.pkl" in written and f"s3://{bucket}/export.pkl" in written and f"s3://{bucket}/ckpt/latest" in written
+    assert any(k.endswith('best.pth') for k in written) and any(k.endswith('manifest.json') for k in written)
+    for secret in (owner['secret'], owner['key']):
+        assert not [k for k,data in written.items() if secret.encode() in data], secret  # nowhere, as bytes
+        assert secret not in errors[0]
+    # another machine: the export, without the options
+    elsewhere = lambda options, env: subprocess.run(
+        [sys.executable, '-c', _loaded_elsewhere, str(tmp_path/'run'/'export.pkl'), str(tmp_path/'elsewhere'), repr(options)],
+        capture_output=True, text=True, timeout=180, env={**os.environ, 'AWS_ENDPOINT_URL': swift.endpoint, **no_credentials, **env})
+    lacking = elsewhere('none', {})
+    assert lacking.returncode == 0, lacking.stderr[-3000:]
+    # the first callback to start names its URL and the options it lacks
+    assert (f"SafeSaveModelCallback(fname='s3://{bucket}/best'): failed on rank(s) [0]: s3://{bucket}/best cannot be written: "
+            "NoCredentialsError") in lacking.stdout, lacking.stdout
+    assert ("(its storage_options endpoint_url, key, secret are never saved with the Learner: set them again, "
+            "`learn.safe_save_model.storage_options = {...}`, or give them in the environment)") in lacking.stdout, lacking.stdout
+    given = elsewhere(owner, {})  # given again: the loaded Learner's third epoch, checkpointed to the bucket
+    assert given.returncode == 0 and given.stdout.splitlines()[-1] == 'None epoch_0003', (given.stdout, given.stderr[-3000:])
+    from_env = elsewhere(None, {k: v for k,v in swift.env.items() if k != 'AWS_ENDPOINT_URL'})  # the environment's: the same fit again resumes
+    assert from_env.returncode == 0 and from_env.stdout.splitlines()[-1] == 'epoch_0003 epoch_0003', (from_env.stdout, from_env.stderr[-3000:])

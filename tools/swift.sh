@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # An OpenStack Swift with its S3 API, on 127.0.0.1, for the tests of object storage: `tools/swift.sh start DIR`
 # installs Debian's swift packages if missing, makes one-replica rings and devices under DIR and starts the account,
-# container, object and proxy servers (s3api and tempauth: key test:tester, secret testing); it prints the endpoint
-# (also in DIR/endpoint). `tools/swift.sh stop DIR` stops them and removes DIR. `proxy-stop DIR` and `proxy-start DIR`
-# stop and start the proxy alone, on its port: the store goes away and comes back, its objects kept.
+# container, object and proxy servers (s3api and tempauth: key test:tester, secret testing; key test:owner, its secret
+# new at each start, in DIR/secret); it prints the endpoint (also in DIR/endpoint). `tools/swift.sh stop DIR` stops them
+# and removes DIR. `proxy-stop DIR` and `proxy-start DIR` stop and start the proxy alone, on its port: the store goes
+# away and comes back, its objects kept.
 set -euo pipefail
 cmd=$1; dir=$2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -28,6 +29,7 @@ start)
     printf '[swift-hash]\nswift_hash_path_suffix = ddp_safe_tests\n[storage-policy:0]\nname = Policy-0\ndefault = yes\n' | $sudo tee /etc/swift/swift.conf >/dev/null; }
   mkdir -p "$dir/srv/d1" "$dir/run"
   port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+  python3 -c 'import secrets; print(secrets.token_hex(16))' > "$dir/secret"  # a credential that a test looks for in files
   declare -A ports=([account]=$(port) [container]=$(port) [object]=$(port) [proxy]=$(port) [memcached]=$(port))
   setsid memcached -l 127.0.0.1 -p "${ports[memcached]}" -U 0 -u "$(id -un)" > "$dir/run/memcached.log" 2>&1 < /dev/null &  # tempauth keeps its tokens there
   echo $! > "$dir/run/memcached.pid"
@@ -37,7 +39,7 @@ start)
       && swift-ring-builder $s.builder rebalance >/dev/null)
   done
   for s in account container object proxy; do  # proxy last: its answer says the others are up
-    sed -e "s|@DIR@|$dir|g" -e "s|@PORT@|${ports[$s]}|g" -e "s|@USER@|$(id -un)|g" -e "s|@MEMCACHED@|127.0.0.1:${ports[memcached]}|g" "$here/swift/$s-server.conf.in" > "$dir/$s-server.conf"
+    sed -e "s|@DIR@|$dir|g" -e "s|@PORT@|${ports[$s]}|g" -e "s|@USER@|$(id -un)|g" -e "s|@MEMCACHED@|127.0.0.1:${ports[memcached]}|g" -e "s|@SECRET@|$(cat "$dir/secret")|g" "$here/swift/$s-server.conf.in" > "$dir/$s-server.conf"
     start_server $s
   done
   echo "http://127.0.0.1:${ports[proxy]}" > "$dir/endpoint"
