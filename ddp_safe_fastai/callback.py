@@ -14,6 +14,7 @@ from .core import *
 from .persist import check_not_replaced
 from .learner import save_learner
 from .storage import destination
+from .transport import download_file
 from .object_store import SecretStorageOptions
 
 # %% auto #0
@@ -80,5 +81,14 @@ class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
             if not self.epochs_seen: return # no epoch ran in this fit (a resumed run had done it): nothing to reload
             return warnings.warn(f"SafeSaveModelCallback: {self.monitor} never improved in this fit, so nothing was "
                                  f"saved; keeping the current weights rather than loading an older '{self.fname}'")
+        if self.url: self._download_best()
         check_not_replaced(self.saved_in_fit, self.scope)  # another run writing the same file would be loaded instead
         self.learn.load(self.fname, with_opt=self.with_opt, scope=self.scope)
+
+    def _download_best(self):
+        "With a URL: the best model of this fit downloaded where its local copy is missing (a fit resumed on another machine); a failure on every rank"
+        file,why = Path(self.learn.path)/self.learn.model_dir/f"{self.fname}.pth",None
+        if is_main_process(self.scope) and not file.exists():
+            try: download_file(f"{self.url}.pth", file, self.storage_options)
+            except CheckpointError as e: why = str(e)
+        raise_failures(exchange(why, 'SafeSaveModelCallback download'), f"SafeSaveModelCallback reload of {self.url}.pth")

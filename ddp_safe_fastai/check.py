@@ -13,9 +13,11 @@ from fastcore.basics import *
 from .core import *
 from .files import *
 from .persist import *
-from .checkpoint_dir import checkpoints_report
+from .checkpoint_dir import checkpoints_report, CheckpointDir
 from .storage import destination
 from .object_store import ObjectStoreDir
+from .memory_tier import MemoryCheckpoints, memory_runs
+from .checkpoint_dir import training_position_of
 from .launch import spawn_ranks, RanksStalled
 
 # %% auto #0
@@ -404,20 +406,52 @@ def _dir_main(a):
     return int(rep is not None and not dir_is_fit(rep))
 
 # %% ../nbs/60_check.ipynb #33c7eaf9
+def _memory_report(durable, # the run's durable location: a local directory (absolute) or a URL
+                   identity, # the run's identity (`memory_tier.run_identity`), None where it is not known here
+                   chosen, # (name, manifest) a resume takes from the durable tier
+                   memory_dir=None):
+    "What node memory holds of the run at `durable`, and which tier a resume takes"
+    mem = MemoryCheckpoints(durable, memory_dir)
+    if not mem.folder.is_dir() or not mem.names(): return f"node memory ({mem.folder}): nothing of this run"
+    lines = [mem.report(f"node memory ({mem.folder})")]
+    found = mem.latest_of(identity) if identity else (None, None)
+    if identity is None: lines.append("this run's identity is not known here (its local directory): a resume decides")
+    elif found[0] is None: lines.append("none of them is this run's, or complete: a resume takes the durable tier")
+    if found[0] and (chosen[0] is None or training_position_of(*found) > training_position_of(*chosen)):
+        lines.append(f"a resume on {found[1]['world_size']} rank(s) takes {found[0]} from node memory (on another world size, the durable tier)")
+    return '\n'.join(lines)
+
+# %% ../nbs/60_check.ipynb #0b9085a2
 def _inspect_main(a):
     local,url = destination(a.path, '.')
     if url:  # a bucket's checkpoints, as `CheckpointCallback(fname=URL)` uploads them
         try:
             store = ObjectStoreDir(url)
             if not store.exists(): print(f"{a.path}: nothing there (no such bucket, container or prefix)"); return 2
-            print(store.report()); return 0
+            print(store.report())
+            print(_memory_report(url, None, store.latest(), a.memory_dir)); return 0
         except Exception as e: print(f"{a.path}: {describe(e)}"); return 2
     print(checkpoints_report(local))
-    return 0 if local.is_dir() else 2
+    if not local.is_dir(): return 2
+    identity = (local/'run_identity').read_text().strip() if (local/'run_identity').is_file() else None
+    chosen = CheckpointDir(local).stored.latest()
+    print(_memory_report(local.absolute(), identity, chosen, a.memory_dir))
+    return 0
+
+# %% ../nbs/60_check.ipynb #13ab6901
+def _memory_main(a):
+    "List this user's runs in node memory; with `--remove`, remove those whose runs are gone"
+    runs = memory_runs(a.memory_dir)
+    if not runs: print("nothing in node memory"); return 0
+    for r in runs:
+        state = 'gone' + (': removed' if a.remove else '') if r['gone'] else 'its run may resume from it'
+        print(f"{r['folder']}: {r['durable']}, {', '.join(r['checkpoints']) or 'no checkpoint'}, {r['bytes']/2**20:.2f} MB; {state}")
+        if a.remove and r['gone']: shutil.rmtree(r['folder'], ignore_errors=True)
+    return 0
 
 # %% ../nbs/60_check.ipynb #b8f84cff
 def main(argv=None): # the arguments (default: the command line's)
-    "`ddp-safe-check`: count the races this library closes, check a directory before a run, or say what a checkpoint directory holds"
+    "`ddp-safe-check`: count the races this library closes, check a directory before a run, say what a checkpoint directory and node memory hold"
     p = argparse.ArgumentParser(prog='ddp-safe-check', description=main.__doc__)
     sub = p.add_subparsers(dest='cmd', required=True)
     r = sub.add_parser('races', help="run each race plain and through this library; a table of failed trials")
@@ -429,8 +463,12 @@ def main(argv=None): # the arguments (default: the command line's)
     d.add_argument('--nproc', type=int, default=2, help="local CPU ranks (default 2)")
     i = sub.add_parser('inspect', help="what a CheckpointCallback directory holds, and which checkpoint a resume takes")
     i.add_argument('path', help="learn.path/learn.model_dir/fname (models/ckpt by default), or the URL of CheckpointCallback(fname=URL)")
+    i.add_argument('--memory-dir', default=None, help="the tmpfs of CheckpointCallback(memory_dir=...) (default /dev/shm)")
+    m = sub.add_parser('memory', help="this user's checkpoints in node memory; --remove those whose runs are gone")
+    m.add_argument('--memory-dir', default=None, help="the tmpfs (default /dev/shm)")
+    m.add_argument('--remove', action='store_true', help="remove the memory checkpoints of runs that are gone")
     a = p.parse_args(argv)
-    return dict(races=_races_main, dir=_dir_main, inspect=_inspect_main)[a.cmd](a)
+    return dict(races=_races_main, dir=_dir_main, inspect=_inspect_main, memory=_memory_main)[a.cmd](a)
 
 # %% ../nbs/60_check.ipynb #46a51196
 #| eval: false

@@ -18,7 +18,8 @@ from .resume import ResumePoint
 from .manifest import *
 from .storage import destination
 from .checkpoint_dir import *
-from .object_store import SecretStorageOptions
+from .object_store import SecretStorageOptions, BackgroundUploads
+from .memory_tier import MemoryTier, run_identity, restarts_left
 from .files import check_room, state_bytes
 from .signals import *
 from .fastai_imports import fastai_defaults_kept
@@ -73,13 +74,16 @@ def tracked_metric(learn, # the Learner, as its fit starts (its Recorder has nam
 def _say(msg):
     if rank_distrib() == 0: print(f"CheckpointCallback: {msg}", flush=True)
 
+# %% ../nbs/48_checkpoint.ipynb #b02099a3
+_tier_words = dict(disk='its directory', bucket='the object store', memory='node memory')
+
 # %% ../nbs/48_checkpoint.ipynb #32009c3e
-def _commit_and_upload(cd, upload, name, files, info, keep):
-    "On the main process (in the background with `async_save`): commit checkpoint `name` in `cd`, then `upload` it, if given; None, or why it failed"
+def _commit_and_upload(cd, uploads, name, files, info, keep):
+    "On the main process (in the background with `async_save`): commit checkpoint `name` in `cd`, then hand it to `uploads`, if given; None, or why it failed"
     try:
         # the weights may be in the file this process wrote last, as `SafeSaveModelCallback` saves the best model just before
-        cd.commit(name, files(), info, keep, reuse={'model.pth': last_written()})
-        if upload: upload(cd.root/name, also=keep)
+        cd.commit(name, files(), info, {*keep, *(uploads.pinned() if uploads else ())}, reuse={'model.pth': last_written()})
+        if uploads: uploads.add(name, also=keep)
     except CheckpointError as e: return str(e)
     except Exception as e: return f"could not commit {cd.root/name}: {describe(e)}"
 
@@ -111,10 +115,17 @@ class CheckpointCallback(SecretStorageOptions, Callback):
                  durable=True, # fsync every file and directory
                  async_save=True, # write in the background: training waits for a copy of all but the weights, copied meanwhile
                  on_exception=False, # when the fit raises: a checkpoint of the last training batch done, if every rank comes
+                 memory_every_iters=None, # also checkpoint into node memory every this many training batches (counted across epochs): a crash costs at most one more
+                 memory_dir=None, # the tmpfs of the memory checkpoints (default `/dev/shm`)
+                 upload_timeout=1800, # with a URL `fname`: seconds the bucket may stay behind (an outage) before every rank raises; the fit's end waits for it this long
                  storage_options=None): # with a URL `fname`: the fsspec file system's options (endpoint, credentials), over those of the environment; never pickled
         check_scope(scope)
         if every_minutes is not None and not (isinstance(every_minutes, (int, float)) and 0 < every_minutes < float('inf')):
             raise ValueError(f"CheckpointCallback(every_minutes={every_minutes!r}): a number of minutes, more than 0")
+        if not (isinstance(upload_timeout, (int, float)) and 0 < upload_timeout < float('inf')):
+            raise ValueError(f"CheckpointCallback(upload_timeout={upload_timeout!r}): a number of seconds, more than 0")
+        if memory_every_iters is not None and not (isinstance(memory_every_iters, int) and memory_every_iters >= 1):
+            raise ValueError(f"CheckpointCallback(memory_every_iters={memory_every_iters!r}): a number of training batches, at least 1")
         store_attr(but='storage_options')
         self.url = destination(fname, '.')[1]
         self.storage_options = storage_options  # and `self.store`, to which checkpoints are uploaded
@@ -125,6 +136,7 @@ class CheckpointCallback(SecretStorageOptions, Callback):
                              f"(here {fname!r}: {'a URL' if self.store else 'a local directory, which keeps `keep`'})")
         self.resumed_from,self.fit_no,self.epochs_before,self.within,self.watch,self.clock,self.tracked = None,-1,0,None,None,None,None
         self.saving = None  # the handle of its last checkpoint in the background, which it waits on
+        self.memory,self.resumed_tier,self.uploads = None,None,None  # the fit's `MemoryTier`; where the fit resumed from: 'disk', 'bucket' or 'memory'
 
     @property
     def root(self):
@@ -147,10 +159,15 @@ class CheckpointCallback(SecretStorageOptions, Callback):
         if self.fit_no >= 0: self.epochs_before += self.n_epochs_last
         self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
         self.clock = ClockDecision(self.every_minutes) if self.every_minutes else None
+        if self.memory: self.memory.end()  # an earlier fit that raised with restarts left
+        self.memory = MemoryTier(self.memory_every_iters, self.url or self.root.absolute(), self.memory_dir, self.async_save) if self.memory_every_iters else None
         if self.store:
             self.check_store(f"CheckpointCallback(fname={self.fname!r})")
-            if rank_distrib() == 0: self._abort_unfinished_uploads()
+            if rank_distrib() == 0:
+                self._abort_unfinished_uploads()
+                self.uploads = BackgroundUploads(self.store, self.root, self.keep, self.keep_best, self.upload_timeout, _say)
         if self.resume: self._resume()
+        if self.memory and rank_distrib() == 0: self._memory_run()
         if self.stop_on_signal and threading.current_thread() is threading.main_thread(): # after a resume that may raise:
             self.watch = SignalWatch(self.learn, f"{run_prefix()}/stop/{self.fit_no}") # the fit's end closes it
 
@@ -161,12 +178,18 @@ class CheckpointCallback(SecretStorageOptions, Callback):
         if keys: _say(f"aborted {len(keys)} upload(s) to {self.fname} that a killed run left unfinished: {', '.join(keys)}")
 
     def _latest(self):
-        "On rank 0: (name, manifest) of the newest complete checkpoint, here or in the object store; (None, None) if none"
+        "On rank 0: (name, manifest, tier) of the newest complete checkpoint: on the disk, in the object store, or in node memory; (None, None, None) if none"
         found = self.dir.latest()
-        here = (found.name, read_manifest(found)) if found else (None, None)
-        if not self.store: return here
-        there = self.store.latest()
-        return there if there[0] and (here[0] is None or training_position_of(*there) > training_position_of(*here)) else here
+        tiers = [(found.name, read_manifest(found), 'disk') if found else (None, None, None)]
+        if self.store: tiers.append((*self.store.latest(), 'bucket'))
+        if self.memory: tiers.append((*self.memory.memory.latest_of(run_identity(self.root), world_size()), 'memory'))
+        # the newest; of two at the same point, the first: a durable one
+        return max(reversed([t for t in tiers if t[0]]), key=lambda t: training_position_of(*t[:2]), default=(None, None, None))
+
+    def _memory_run(self):
+        "On rank 0, once resumed: the run's identity (a new one unless it resumed), and its memory folder rid of other runs' checkpoints and incomplete ones"
+        self.memory.identity = run_identity(self.root, new=self.resumed_from is None)
+        self.memory.memory.prune(self.memory.identity, keep=self.resumed_from if self.resumed_tier == 'memory' else None)
 
     def _download(self, name):
         "Rank 0 downloads checkpoint `name` unless it has it whole (the others read its bytes, see `read_on_all`); failures on every rank"
@@ -180,9 +203,9 @@ class CheckpointCallback(SecretStorageOptions, Callback):
     def _resume(self):
         "Rank 0 finds the latest complete checkpoint (here, or in the object store); every rank checks its format and follows"
         background_saves.finish(file=self.root/'latest')  # as a load: the commits of this directory in flight (a fit that raised) are done first
-        try: found,why = self._latest() if rank_distrib() == 0 else (None, None),None
-        except Exception as e: found,why = (None, None),str(e) if isinstance(e, CheckpointError) else describe(e)  # the store's own errors too
-        (name,manifest),why = broadcast_object((found, why), what='CheckpointCallback resume')
+        try: found,why = self._latest() if rank_distrib() == 0 else (None, None, None),None
+        except Exception as e: found,why = (None, None, None),str(e) if isinstance(e, CheckpointError) else describe(e)  # the store's own errors too
+        (name,manifest,tier),why = broadcast_object((found, why), what='CheckpointCallback resume')
         if why: raise CheckpointError(f"CheckpointCallback resume from {self.fname}: {why}")
         if name is None: return
         check_format(manifest, self.root/name)
@@ -191,11 +214,11 @@ class CheckpointCallback(SecretStorageOptions, Callback):
             _say(f"fit {self.fit_no} was done in an earlier run ({name} is of fit {manifest['fit']}): skipping it")
             self.learn.resume_point = ResumePoint(self.n_epoch)
             return
-        if self.store: self._download(name)
-        self._restore(self.root/name, manifest)
-        self.resumed_from = name
+        if tier == 'bucket': self._download(name)
+        self._restore(self.memory.memory.folder/name if tier == 'memory' else self.root/name, manifest, tier)
+        self.resumed_from,self.resumed_tier = name,tier
 
-    def _restore(self, ckpt, manifest):
+    def _restore(self, ckpt, manifest, tier='disk'):
         "Load the checkpoint on every rank and put the Learner where it was"
         state = read_training_state(ckpt, manifest, 'resume', self.scope, model_device(self.learn.model))  # placed by now: the callback is the last
         rng = rng_state_for(load_state(ckpt/'rng.pth', 'cpu', what='resume', scope=self.scope), rank_distrib())
@@ -203,7 +226,7 @@ class CheckpointCallback(SecretStorageOptions, Callback):
         if state['done']: self.within = (state, rng)
         saved,now = manifest.get('world_size', 1),world_size()
         at,batch = self.learn.resume_point.epoch,f", batch {state['iter']}" if state['done'] else ''
-        _say(f"fit {self.fit_no} resumed from {ckpt.name}: " + (f"epoch {at} of {self.n_epoch}{batch}" if at < self.n_epoch else
+        _say(f"fit {self.fit_no} resumed from {ckpt.name} ({_tier_words[tier]}): " + (f"epoch {at} of {self.n_epoch}{batch}" if at < self.n_epoch else
              "it had finished or stopped early; nothing left to train"))
         if saved != now: _say(f"{ckpt.name} was saved on {saved} rank(s), this run has {now}: it goes on from the same "
                               "state, but it cannot reproduce the uninterrupted run bit for bit")
@@ -228,6 +251,7 @@ class CheckpointCallback(SecretStorageOptions, Callback):
     def after_batch(self):
         "Stop here if the ranks agreed to; save every `every_iters` training batches but an epoch's last, and on the clock"
         if not self.training: return
+        if self.memory: self.memory.wait()  # the last memory checkpoint is whole before another batch is trained: a kill costs at most `memory_every_iters`+1
         if self.on_exception: self.completed,self.stepped = (self.epoch, self.iter, get_rng_state()),False
         if self.watch:
             self.watch.batch_done()
@@ -236,6 +260,14 @@ class CheckpointCallback(SecretStorageOptions, Callback):
         last = self.iter+1 == self.n_iter
         if self.every_iters and (self.iter+1) % self.every_iters == 0 and not last: self._save(within=True)
         elif on_clock and not (last and (self.epoch+1) % self.every_epoch == 0): self._save(within=True)
+        elif self.memory and self.memory.due(self.learn.train_iter): self._save_memory()
+
+    def _save_memory(self):
+        "A checkpoint after this batch into node memory (`MemoryTier`): every rank hands rank 0 its random states"
+        done = self.done + [(world_size(), self.iter+1 - self.segment_start)]
+        state = capture_state(self.learn, self.fit_no, self.epoch_dl_rng, done)
+        info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done), fit=self.fit_no, world_size=world_size())
+        self.memory.save(state, checkpoint_name(self.epochs_before + state['epoch'], state['iter']), info, step_tensors(self.learn.model, self.learn.opt))
 
     def _stop(self):
         "Checkpoint after this batch on every rank, requeue a SLURM job, then exit with `PREEMPTED`"
@@ -257,6 +289,7 @@ class CheckpointCallback(SecretStorageOptions, Callback):
     def before_step(self):
         "The weights and the optimizer's state of a checkpoint are copied while the batch runs: done before the step changes them"
         if self.saving is not None: self.saving.wait_staged()
+        if self.memory: self.memory.wait_staged()
 
     def after_epoch(self):
         "Save a checkpoint after every `every_epoch` epochs"
@@ -274,7 +307,7 @@ class CheckpointCallback(SecretStorageOptions, Callback):
         done = self.done + [(world_size(), self.iter+1 - self.segment_start)] if within else None
         state = capture_state(self.learn, self.fit_no, self.epoch_dl_rng, done, stopped)
         name = checkpoint_name(self.epochs_before + state['epoch'], state['iter'])
-        room = self._room(self.root/name, state) if is_main_process(self.scope) else None
+        room = (self.uploads and self.uploads.failure) or self._room(self.root/name, state) if is_main_process(self.scope) else None
         rngs,rooms = zip(*exchange((rng or get_rng_state(), room), 'CheckpointCallback rng', timeout))
         raise_failures(rooms, f"CheckpointCallback {self.root/name}")  # on every rank, before anything is written
         background = self.async_save and not timeout  # one with a timeout is written at once, from the state itself: nothing staged
@@ -283,16 +316,18 @@ class CheckpointCallback(SecretStorageOptions, Callback):
         info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done),
                     fit=self.fit_no, world_size=world_size(), **({} if within else self._monitored()))
         # the main process commits it (in the background with `async_save`) and every rank hears the outcome: `run_on_main`
-        # the checkpoint of an exception is committed here alone: an upload would outlast the other ranks' short wait
-        upload = partial(self.store.upload, keep=self.keep, keep_best=self.keep_best) if self.store and not timeout else None
+        # the checkpoint of an exception is committed here alone: the process ends before an upload would
+        uploads = self.uploads if not timeout else None
         files = lambda: checkpoint_files(state if staged is None else staged.obj, list(rngs))  # in the writer's thread, once staged
-        commit = partial(_commit_and_upload, self.dir, upload, name, files, info, {self.resumed_from})
+        commit = partial(_commit_and_upload, self.dir, uploads, name, files, info, {self.resumed_from})
         self.saving = run_on_main(self.root/'latest', commit, self.scope, timeout, background, staged)
         if not background: self.saving = None
 
     def after_fit_raised(self, e):
         "Give the signals back; with `on_exception`, checkpoint the last training batch done, if it was of this epoch and every rank comes soon"
         if self.watch: self.watch.close(); self.watch = None
+        if self.memory: self.memory.end(keep=restarts_left()); self.memory = None  # torchrun restarts the workers: they resume from it
+        if self.uploads: self.uploads.close(); self.uploads = None  # what is pending is sent while the process lives
         if not (self.on_exception and self.completed and isinstance(e, Exception)) or isinstance(e, CheckpointError): return # not a failed save again
         epoch,it,rng = self.completed
         if self.stepped or epoch != self.epoch: # a step of an unfinished batch, or no batch of this epoch, is in the state
@@ -323,6 +358,18 @@ class CheckpointCallback(SecretStorageOptions, Callback):
         if saving is not None: saving.wait()
 
     def after_fit(self):
-        "Finish the background writes; give the signals back"
+        "Finish the background writes and the uploads; give the signals back; remove the memory checkpoints"
         if self.watch: self.watch.close(); self.watch = None
         self._wait_for_save()
+        if self.store: self._wait_for_uploads()
+        if self.memory: self.memory.end(); self.memory = None
+
+    def _wait_for_uploads(self):
+        "As the fit ends: rank 0 waits for the bucket to catch up, up to `upload_timeout`, saying so; a failure is raised on every rank"
+        uploads,self.uploads,why = self.uploads,None,None
+        if uploads is not None:
+            if uploads.behind(): _say(f"waiting for {self.fname} to catch up, for up to {self.upload_timeout:g}s (upload_timeout)")
+            why = uploads.wait(self.upload_timeout)
+            if why is None and uploads.behind(): why = f"upload to {self.fname} (endpoint {self.store.endpoint}) not done after {self.upload_timeout:g}s (upload_timeout)"
+            uploads.close()
+        raise_failures(exchange(why, 'CheckpointCallback uploads', self.upload_timeout + distrib_timeout()), f"CheckpointCallback {self.fname}")

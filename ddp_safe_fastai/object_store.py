@@ -4,18 +4,20 @@
 
 # %% ../nbs/33_object_store.ipynb #33ba283f
 from __future__ import annotations
+import time, threading
 from pathlib import Path
 from fastcore.basics import *
 from .core import *
 from .files import atomic_write
 from .written import remove_tree
 from .transport import *
+from .transport import will_not_pass
 from .manifest import *
 from .storage import *
 from .checkpoint_dir import *
 
 # %% auto #0
-__all__ = ['ObjectStoreDir', 'check_writable', 'SecretStorageOptions', 'upload_file', 'FsspecStorage']
+__all__ = ['ObjectStoreDir', 'check_writable', 'SecretStorageOptions', 'BackgroundUploads', 'upload_file', 'FsspecStorage']
 
 # %% ../nbs/33_object_store.ipynb #13806d4a
 class ObjectStoreDir(StoredCheckpoints):
@@ -91,6 +93,91 @@ class SecretStorageOptions:
             if not self.options_not_saved: raise
             raise CheckpointError(f"{e} (its storage_options {', '.join(self.options_not_saved)} are never saved with the Learner: set "
                                   f"them again, `learn.{self.name}.storage_options = {{...}}`, or give them in the environment)") from None
+
+# %% ../nbs/33_object_store.ipynb #7226b978
+class BackgroundUploads:
+    "The uploads of checkpoints committed under `root` to `store`, in a thread of their own: the newest `keep` pending first sent when the store answers"
+    def __init__(self, store, # an `ObjectStoreDir`
+                 root, # the local directory the checkpoints are committed in
+                 keep=2, # how many complete checkpoints the store keeps, the newest
+                 keep_best=0, # also keep the `keep_best` best by their monitored metric
+                 timeout=1800, # seconds the store may stay behind (an outage) before the uploads fail
+                 say=print): # how rank 0 tells the user the store is behind, and has caught up
+        store_attr()
+        self.pending,self.sending,self.also,self.failure,self.closed = [],[],(),None,False
+        self.behind_since,self.idle = None,threading.Condition()
+        self.thread = threading.Thread(target=self._run, name='ddp_safe_uploads', daemon=True)
+        self.thread.start()
+
+    def add(self, name, # a checkpoint just committed under `root`
+            also=()): # the names of checkpoints the store never rotates out (the one the run resumed from)
+        "Send checkpoint `name` when the store answers; the newest `keep` of those pending are sent, older ones skipped"
+        with self.idle:
+            self.pending.append(name); self.also = also; self.idle.notify_all()
+            if self.sending: self._behind(f"{name} committed while {self.sending[-1]} is still being sent")
+
+    def pinned(self):
+        "The checkpoints still to be sent: the local rotation keeps them"
+        with self.idle: return {*self.pending, *self.sending}
+
+    def _run(self):
+        while True:
+            with self.idle:
+                while not (self.pending or self.closed): self.idle.wait()
+                if not self.pending: return
+                self.sending,self.pending = self.pending[-self.keep:],[]
+            try: sent = all(self._send(n) for n in self.sending)
+            except CheckpointError as e: self._fail(e); return
+            with self.idle:
+                if not sent: self.pending = self.sending + self.pending  # the newest of them are sent when the store answers again
+                elif not self.pending and self.behind_since is not None:  # said before `wait` returns
+                    self.say(f"{self.store.url} has caught up: {self.sending[-1]} uploaded, after {time.monotonic()-self.behind_since:.0f}s behind")
+                    self.behind_since = None
+                self.sending = []
+                self.idle.notify_all()
+
+    def _send(self, name):
+        "Upload checkpoint `name`: True once it is in the store; False after a failure that may pass (the store is behind)"
+        try: self.store.upload(self.root/name, self.keep, self.keep_best, self.also); return True
+        except Exception as e:
+            if will_not_pass(e): raise CheckpointError(self._why(e)) from e
+            self._behind(describe(e).splitlines()[0])
+            if time.monotonic() - self.behind_since > self.timeout:
+                raise CheckpointError(self._why(e, f"still after {self.timeout:g}s (upload_timeout)")) from e
+            time.sleep(1)
+            return False
+
+    def _behind(self, why):
+        "Say once that the store is behind, and why"
+        if self.behind_since is not None: return
+        self.behind_since = time.monotonic()
+        self.say(f"{self.store.url} is behind ({why}): the training goes on, every checkpoint committed in {self.root}; "
+                 f"the uploads go on trying for up to {self.timeout:g}s")
+
+    def _why(self, e, after=''):
+        return (f"upload to {self.store.url} (endpoint {self.store.endpoint}) failed{', ' + after if after else ''}: "
+                f"{describe(e).splitlines()[0]}; every checkpoint is committed in {self.root}, and the bucket keeps what it had")
+
+    def _fail(self, e):
+        with self.idle: self.failure,self.pending,self.sending = str(e),[],[]; self.idle.notify_all()
+
+    def behind(self):
+        "Are checkpoints still to be sent?"
+        with self.idle: return bool(self.pending or self.sending) and self.failure is None
+
+    def wait(self, timeout=None):
+        "Wait until every pending checkpoint is in the store, or the uploads failed, or `timeout` seconds passed; the failure, or None"
+        end = None if timeout is None else time.monotonic() + timeout
+        with self.idle:
+            while (self.pending or self.sending) and self.failure is None:
+                left = None if end is None else end - time.monotonic()
+                if left is not None and left <= 0: break
+                self.idle.wait(left)
+            return self.failure
+
+    def close(self):
+        "End the thread once nothing is pending (a fit that raised leaves its uploads going until then)"
+        with self.idle: self.closed = True; self.idle.notify_all()
 
 # %% ../nbs/33_object_store.ipynb #f1c36fc2
 _all_ = ['upload_file', 'FsspecStorage']

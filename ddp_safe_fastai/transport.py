@@ -4,13 +4,16 @@
 
 # %% ../nbs/08_transport.ipynb #2f0f5e9f
 from __future__ import annotations
-import os, time, secrets
+import os, time, shutil, secrets
+from functools import partial
+from pathlib import Path
 from fastcore.basics import *
 from .errors import *
 from .ranks import distrib_timeout
+from .files import atomic_write
 
 # %% auto #0
-__all__ = ['retrying', 'RemoteFiles', 'upload_file']
+__all__ = ['will_not_pass', 'retrying', 'RemoteFiles', 'upload_file', 'download_file']
 
 # %% ../nbs/08_transport.ipynb #2578723a
 # fsspec's backends raise OSErrors for most failures; Azure's SDK raises its own, with the HTTP status
@@ -23,6 +26,11 @@ def _missing(e): return isinstance(e, FileNotFoundError) or getattr(e, 'status_c
 def _permanent(e):
     "Is the failure `e` one that retrying does not mend: a missing bucket or file, refused credentials?"
     return _refused(e) or _missing(e) or isinstance(e, (IsADirectoryError, NotADirectoryError))
+
+# %% ../nbs/08_transport.ipynb #7c303e7e
+def will_not_pass(e):
+    "Is the failure `e`, or the one that caused it (`retrying`'s `CheckpointError`), a refusal that waiting does not mend?"
+    return _permanent(e) or (e.__cause__ is not None and _permanent(e.__cause__))
 
 # %% ../nbs/08_transport.ipynb #b7bbd099
 def retrying(f, # what to do: no arguments
@@ -47,7 +55,7 @@ def _store_defaults(scheme):
     if scheme != 's3': return {}
     from botocore.config import Config  # s3fs's client
     checksums = _s3_checksums if set(_s3_checksums) <= set(Config.OPTION_DEFAULTS) else {}  # botocore 1.36 and later
-    return dict(config_kwargs=dict(connect_timeout=5, retries=dict(max_attempts=2), **checksums))
+    return dict(config_kwargs=dict(connect_timeout=5, read_timeout=20, retries=dict(max_attempts=2), **checksums))
 
 # %% ../nbs/08_transport.ipynb #9889f15a
 def _merged(defaults, given):
@@ -85,6 +93,17 @@ class RemoteFiles:
     def url_of(self, *names): return '/'.join([self.url, *names])
     def until(self): return time.monotonic() + self.retry_for  # when the retries of what starts now stop
 
+    @property
+    def endpoint(self):
+        "The endpoint the file system talks to, for messages: its URL where it has one, else the scheme's default"
+        fs = self.fs
+        given = (getattr(fs, 'endpoint_url', None) or (getattr(fs, 'client_kwargs', None) or {}).get('endpoint_url')
+                 or getattr(fs, 'account_url', None))
+        if given: return given
+        scheme = self.url.split('://')[0]
+        if scheme == 's3' and (env := os.environ.get('AWS_ENDPOINT_URL_S3') or os.environ.get('AWS_ENDPOINT_URL')): return env
+        return f"{scheme}'s default endpoint"
+
     def check(self):
         "Raise `CheckpointError`, naming the URL, unless a file can be written and removed there: an endpoint that answers, a bucket, credentials"
         probe = self.path(f".ddp_safe_probe.{secrets.token_hex(4)}")
@@ -121,3 +140,13 @@ def upload_file(file, # a local file
                 storage_options=None): # the fsspec file system's options
     "Upload `file` to `url` whole (an object is seen whole or not at all), with retries; `CheckpointError` if it cannot be"
     RemoteFiles(url, storage_options).put(file)
+
+# %% ../nbs/08_transport.ipynb #57c12c28
+def download_file(url, # the file: `s3://bucket/key`, any fsspec URL
+                  file, # the local file it becomes
+                  storage_options=None): # the fsspec file system's options
+    "Download `url` to `file`, put in place whole (`files.atomic_write`), with retries; `CheckpointError` if it cannot be"
+    def copy(src, tmp):
+        with open(tmp, 'wb') as f: shutil.copyfileobj(src, f)
+    remote = RemoteFiles(url, storage_options)
+    atomic_write(Path(file), lambda tmp: remote.reading(partial(copy, tmp=tmp)))

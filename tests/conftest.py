@@ -1,7 +1,7 @@
 """Multi-process tests start real ranks the two ways users do: `torchrun`, and `torch.multiprocessing.spawn` with no
 launcher environment. Where the launcher is not what a test is about, its two ranks come from a pool that launcher
 started once (`launch.RankPool`): a process of its own on each rank for each test, with a process group of its own"""
-import os, sys, shutil, importlib, subprocess, pytest
+import os, sys, time, shutil, threading, importlib, subprocess, pytest
 from pathlib import Path
 from ddp_safe_fastai.launch import spawn_ranks, torchrun_ranks, free_port, RankPool
 
@@ -132,6 +132,59 @@ class Swift:
     def stop_proxy(self): self._tool('proxy-stop')
     def start_proxy(self): self._tool('proxy-start')
 
+
+class Outage:
+    """A TCP relay on 127.0.0.1 in front of a real server's `endpoint` (http://host:port): 'up' relays every byte;
+    'stall' takes connections and never answers (those open freeze too), as a hung endpoint does; 'refuse' closes its
+    port, as a stopped server does. Started and stopped by the test (`with Outage(...) as o:`)"""
+    def __init__(self, endpoint):
+        self.target = tuple(endpoint.split('://')[1].rsplit(':', 1)); self.target = (self.target[0], int(self.target[1]))
+        self.port,self.mode,self.conns,self.listener,self.done = free_port(),'up',[],None,False
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self._listen()
+        threading.Thread(target=self._accept, daemon=True).start()
+    def _listen(self):
+        import socket
+        self.listener = socket.socket(); self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(('127.0.0.1', self.port)); self.listener.listen(64); self.listener.settimeout(0.2)
+    def _accept(self):
+        import socket
+        while not self.done:
+            if self.mode == 'refuse' or self.listener is None: time.sleep(0.05); continue
+            try: c,_ = self.listener.accept()
+            except (socket.timeout, OSError): continue
+            if self.mode == 'stall': self.conns.append(c); continue  # taken, never answered
+            try: s = socket.create_connection(self.target, timeout=5)
+            except OSError: c.close(); continue
+            self.conns += [c, s]
+            for a,b in ((c, s), (s, c)): threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+    def _pipe(self, a, b):
+        try:
+            while (data := a.recv(65536)):
+                while self.mode == 'stall' and not self.done: time.sleep(0.05)  # frozen: nothing passes
+                b.sendall(data)
+        except OSError: pass
+        finally:
+            for x in (a, b):
+                try: x.close()
+                except OSError: pass
+    def set(self, mode):
+        "Go 'up', 'stall' or 'refuse'"
+        if mode == 'refuse':
+            self.mode = 'refuse'; self.listener.close(); self.listener = None
+            for c in self.conns:
+                try: c.close()
+                except OSError: pass
+            self.conns = []
+        else:
+            if self.listener is None: self._listen()
+            self.mode = mode
+    def __enter__(self): return self
+    def __exit__(self, *exc):
+        self.done = True
+        for c in self.conns + ([self.listener] if self.listener else []):
+            try: c.close()
+            except OSError: pass
 
 class Azurite:
     "Azure's storage emulator on 127.0.0.1 (tools/azurite.sh): the environment adlfs reads, a container per test"

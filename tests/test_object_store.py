@@ -2,30 +2,37 @@
 `CheckpointCallback` with an `s3://` URL against a real OpenStack Swift with its S3 API (tools/swift.sh), on 2 ranks
 under torchrun: uploads, a resume on a machine whose disk was wiped, the store's faults. The rank-side functions are
 the first in this file"""
-import os, time, shutil, subprocess, sys
+import os, io, time, shutil, contextlib, subprocess, sys
 from pathlib import Path
 import pytest, torch
 from fastai.basics import Callback
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.launch import torchrun_ranks
 from ddp_safe_fastai.testing import synth_learner
-from conftest import values, ranks
+from conftest import values, ranks, Outage
 
 class KillAfter(Callback):
     "Once epoch `epoch` is checkpointed and uploaded, say so in the file `marker` and wait to be killed"
     order = CheckpointCallback.order+1
     def __init__(self, epoch, marker): self.epoch_killed,self.marker = epoch,marker
     def after_epoch(self):
-        if self.epoch == self.epoch_killed: flush_saves(); Path(self.marker).touch(); time.sleep(120)
+        if self.epoch != self.epoch_killed: return
+        flush_saves()
+        if self.learn.checkpoint.uploads: self.learn.checkpoint.uploads.wait()  # rank 0: in the bucket
+        distrib_barrier()
+        Path(self.marker).touch(); time.sleep(120)
 
 def weights(learn): return [p.detach().clone() for p in learn.model.parameters()]
 
-def fit_to(root, url, n_epoch=4, kill_after=None, storage_options=None):
-    "`n_epoch` epochs checkpointed to `url`, killed after epoch `kill_after` if given: the weights, what the callback resumed from"
+def fit_to(root, url, n_epoch=4, kill_after=None, storage_options=None, best=False):
+    """`n_epoch` epochs checkpointed to `url`, killed after epoch `kill_after` if given: the weights, what the callback
+    resumed from. With `best`, a `SafeSaveModelCallback` to `url`_best too, whose best model is the first epoch's: the
+    weights are those it reloads at the end of the fit"""
     learn = synth_learner(n=128, path=Path(root), seed=5)
     ckpt = CheckpointCallback(url, storage_options=storage_options)
     kill = [KillAfter(kill_after, Path(root)/'killed')] if kill_after is not None else []
-    with learn.distrib_ctx(): learn.fit(n_epoch, 0.02, cbs=[ckpt, *kill])
+    first = [SafeSaveModelCallback(fname=url+'_best', comp=lambda value, best: best == -float('inf'))] if best else []
+    with learn.distrib_ctx(): learn.fit(n_epoch, 0.02, cbs=[ckpt, *first, *kill])
     return dict(weights=weights(learn), resumed_from=ckpt.resumed_from, local=sorted(p.name for p in (Path(root)/'models'/local_copy_name(url)).iterdir()))
 
 @pytest.fixture(params=['swift', 'azurite'])
@@ -40,12 +47,13 @@ def listed(fs, path):
 
 def test_resume_from_the_bucket_on_a_wiped_disk(tmp_path, store):
     """Checkpoints reach the bucket in a directory's layout; the run is killed, its disk wiped, and the run started again
-    (2 ranks, then 1) resumes from the bucket and ends with the uninterrupted run's weights"""
+    (2 ranks, then 1) resumes from the bucket and ends with the uninterrupted run's weights: the best model's, which
+    `SafeSaveModelCallback(fname=URL)` saved before the kill and reloads from the bucket"""
     bucket = store.bucket()
     url,path = f"{store.scheme}://{bucket}/run1",f"{bucket}/run1"
-    whole = values(ranks(fit_to, str(tmp_path/'whole'), f"{store.scheme}://{bucket}/whole", init=False, timeout=240, env=store.env))
+    whole = values(ranks(fit_to, str(tmp_path/'whole'), f"{store.scheme}://{bucket}/whole", 4, None, None, True, init=False, timeout=240, env=store.env))
     killed = lambda: (tmp_path/'a'/'killed').exists()
-    assert ranks(fit_to, str(tmp_path/'a'), url, 4, 1, init=False, timeout=240, env=store.env, kill_when=killed) is None
+    assert ranks(fit_to, str(tmp_path/'a'), url, 4, 1, None, True, init=False, timeout=240, env=store.env, kill_when=killed) is None
     fs = store.fs()
     assert listed(fs, path) == ['epoch_0001', 'epoch_0002', 'latest']
     assert fs.cat_file(path+'/latest') == b'epoch_0002'
@@ -55,14 +63,14 @@ def test_resume_from_the_bucket_on_a_wiped_disk(tmp_path, store):
     assert inspect.returncode == 0 and f"{url}: 2 checkpoint(s); latest names 'epoch_0002'" in inspect.stdout, inspect
     assert "a resume takes epoch_0002 (saved on 2 rank(s))" in inspect.stdout, inspect.stdout
     shutil.rmtree(tmp_path/'a')  # the machine is gone; a new one has an empty disk
-    r0,r1 = values(ranks(fit_to, str(tmp_path/'a'), url, init=False, timeout=240, env=store.env))
+    r0,r1 = values(ranks(fit_to, str(tmp_path/'a'), url, 4, None, None, True, init=False, timeout=240, env=store.env))
     assert r0['resumed_from'] == r1['resumed_from'] == 'epoch_0002'
     for w,v in zip(r0['weights'], whole[0]['weights']): assert torch.equal(w, v)  # bit for bit the uninterrupted run
     assert fs.cat_file(path+'/latest') == b'epoch_0004'
     # the bucket keeps what the local directory keeps: the newest 2, and the checkpoint this run resumed from
     assert listed(fs, path) == r0['local'] == ['epoch_0002', 'epoch_0003', 'epoch_0004', 'latest']
     shutil.rmtree(tmp_path/'a')  # again, on a machine of 1 process
-    (r,) = values(torchrun_ranks(fit_to, str(tmp_path/'a'), url, 5, nproc=1, init=False, timeout=240, env=store.env))
+    (r,) = values(torchrun_ranks(fit_to, str(tmp_path/'a'), url, 5, None, None, True, nproc=1, init=False, timeout=240, env=store.env))
     assert r['resumed_from'] == 'epoch_0004'
 
 def faults(root, urls_and_options):
@@ -99,13 +107,13 @@ class SlowBatches(Callback):
     def after_batch(self):
         if self.training: time.sleep(self.delay)
 
-def fit_slowly(root, url, n_epoch):
-    "`n_epoch` epochs of 16 slowed batches checkpointed to `url`: the weights, or the error each rank raised"
-    learn = synth_learner(n=128, path=Path(root), seed=5)
+def fit_slowly(root, url, n_epoch, kwargs=None):
+    "`n_epoch` epochs of 16 slowed batches checkpointed to `url` (`CheckpointCallback`'s `kwargs` too): the weights, or the error each rank raised; what it printed"
+    learn,said = synth_learner(n=128, path=Path(root), seed=5),io.StringIO()
     try:
-        with learn.distrib_ctx(): learn.fit(n_epoch, 0.02, cbs=[CheckpointCallback(url), SlowBatches(0.1)])
-    except CheckpointError as e: return dict(error=str(e), epoch=learn.epoch)
-    return dict(weights=weights(learn), error=None)
+        with contextlib.redirect_stdout(said), learn.distrib_ctx(): learn.fit(n_epoch, 0.02, cbs=[CheckpointCallback(url, **(kwargs or {})), SlowBatches(0.1)])
+    except CheckpointError as e: return dict(error=str(e), epoch=learn.epoch, said=said.getvalue())
+    return dict(weights=weights(learn), error=None, said=said.getvalue())
 
 class Uploaded:
     "Polled: has checkpoint `name` been uploaded whole, the bucket's `latest` naming it? (asked of the store every 0.2 s)"
@@ -135,21 +143,50 @@ def test_store_away_for_a_while(tmp_path, swift):
     assert fs.cat_file(url[5:]+'/latest') == b'epoch_0006'
     assert listed(fs, url[5:]) == ['epoch_0005', 'epoch_0006', 'latest']
 
-def test_store_gone_fails_at_the_next_commit(tmp_path, swift):
-    """The store stops answering for good: the failed upload is raised on every rank at the next checkpoint, naming the
-    URL; the local checkpoints are kept; once the store is back, a run on a new machine resumes from the bucket's last"""
+def test_store_gone_fails_past_the_upload_timeout(tmp_path, swift):
+    """The store stops answering for good: past `upload_timeout` the failed upload is raised on every rank at one call,
+    naming the URL and the endpoint; the local checkpoints are kept; once the store is back, a run on a new machine
+    resumes from the bucket's last"""
     url = f"s3://{swift.bucket()}/run"
     cache = tmp_path/'a'/'models'/local_copy_name(url)
     away = AwayWhile(swift, Uploaded(swift.fs(), url, 'epoch_0001'), None)
-    try: outs = ranks(fit_slowly, str(tmp_path/'a'), url, 6, init=False, timeout=240, env={**swift.env, 'DDP_SAFE_UPLOAD_RETRY': '3'}, kill_when=away)
+    try: outs = ranks(fit_slowly, str(tmp_path/'a'), url, 6, dict(upload_timeout=3), init=False, timeout=240, env={**swift.env, 'DDP_SAFE_UPLOAD_RETRY': '2'}, kill_when=away)
     finally: swift.start_proxy()
     r0,r1 = values(outs)
     assert r0['error'] == r1['error'] and r0['error'] is not None, (r0, r1)
-    assert f"upload to {url}/epoch_0002/" in r0['error'] and 'still after retrying for 3s' in r0['error'], r0['error']
+    assert f"upload to {url} (endpoint {swift.endpoint}) failed, still after 3s (upload_timeout)" in r0['error'], r0['error']
+    assert f"{url} is behind" in r0['said'], r0['said']
     assert is_complete(cache/'epoch_0002'), sorted(p.name for p in cache.iterdir())  # kept, though not uploaded
     shutil.rmtree(tmp_path/'a')
     r0,r1 = values(ranks(fit_to, str(tmp_path/'a'), url, 3, init=False, timeout=240, env=swift.env))
     assert r0['resumed_from'] == r1['resumed_from'] == 'epoch_0001'
+
+class OutageWhile:
+    "Polled while the ranks run: once `when()`, the relay goes `mode` for `seconds`, then up again"
+    def __init__(self, relay, when, mode, seconds): self.relay,self.when,self.mode,self.seconds,self.start,self.over = relay,when,mode,seconds,None,False
+    def __call__(self):
+        if self.start is None and self.when(): self.relay.set(self.mode); self.start = time.monotonic()
+        elif self.start and not self.over and time.monotonic() - self.start > self.seconds: self.relay.set('up'); self.over = True
+        return False
+
+@pytest.mark.parametrize('mode', ['stall', 'refuse'])
+def test_store_out_longer_than_the_timeout(tmp_path, swift, mode):
+    """The endpoint stalls (takes connections, never answers) or refuses them for 25 s, longer than `DDP_SAFE_TIMEOUT`
+    (15 s), once the first checkpoint is in the bucket: the training goes on and the run ends, rank 0 saying the bucket
+    is behind and has caught up; the bucket's `latest` names the last checkpoint, and a run on an empty disk resumes
+    from it with the same weights"""
+    url = f"s3://{swift.bucket()}/run"
+    with Outage(swift.endpoint) as relay:
+        out = OutageWhile(relay, Uploaded(swift.fs(), url, 'epoch_0001'), mode, 25)
+        env = {**swift.env, 'AWS_ENDPOINT_URL': relay.endpoint, 'DDP_SAFE_TIMEOUT': '15'}
+        r0,r1 = values(ranks(fit_slowly, str(tmp_path/'a'), url, 6, init=False, timeout=300, env=env, kill_when=out))
+        assert out.over and r0['error'] is None and r1['error'] is None, (r0.get('error'), r1.get('error'))
+        assert f"{url} is behind" in r0['said'] and f"{url} has caught up: epoch_0006 uploaded" in r0['said'], r0['said']
+        assert swift.fs().cat_file(url[5:]+'/latest') == b'epoch_0006'
+        shutil.rmtree(tmp_path/'a')
+        again = values(ranks(fit_to, str(tmp_path/'a'), url, 6, init=False, timeout=240, env=env))
+    assert again[0]['resumed_from'] == 'epoch_0006'
+    for w,v in zip(again[0]['weights'], r0['weights']): assert torch.equal(w, v)
 
 def fit_with_ballast(root, url, n_epoch):
     "`n_epoch` epochs checkpointed to `url`, the model carrying 64 MiB of ballast: each upload takes a while"

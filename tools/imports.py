@@ -13,7 +13,7 @@ LAYERS = [
     ('transport: files to and from object storage', ['transport']),
     ('the save and load protocol', ['matching', 'background', 'directories', 'reads', 'persist']),
     ('the training state and its format', ['resume', 'manifest', 'train_state']),
-    ('checkpoint storage', ['storage', 'checkpoint_dir', 'object_store']),
+    ('checkpoint storage', ['storage', 'checkpoint_dir', 'object_store', 'memory_tier']),
     ('the fastai patches', ['distributed', 'learner', 'loops', 'text', 'writers', 'patches']),
     ('the callbacks', ['signals', 'callback', 'checkpoint']),
     ('the tools', ['launch', 'testing', 'check', 'changes', 'all']),

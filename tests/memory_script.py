@@ -1,0 +1,40 @@
+"""A user's training script with memory checkpoints: dropout, random noise on the inputs, one-cycle, a durable checkpoint
+every epoch. torchrun ... ROOT MEMORY_EVERY [EPOCHS]. KILL_AT=N KILL_RANK=R: in torchrun's first attempt, rank R is
+SIGKILLed as training batch N starts (KILL_RANK=all: every rank). Each rank logs the training batches it starts
+(`batches<rank>.txt`: attempt, batch, time). WIDTH=W: the hidden layer's width (default 32). ASYNC=0: `async_save=False`"""
+import os, sys, json, time, signal, hashlib, resource
+from pathlib import Path
+import torch
+from fastai.basics import *
+from fastai.callback.schedule import *
+from ddp_safe_fastai.all import *
+from ddp_safe_fastai.testing import synth_learner
+
+attempt = int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0))
+
+class Noise(Callback):
+    def before_batch(self):
+        if self.training: self.learn.xb = (self.xb[0] + 0.1*torch.randn_like(self.xb[0]),)
+
+class LogAndKill(Callback):
+    order = -20  # before any other callback sees the batch
+    def before_fit(self): self.log = open(root/f"batches{rank_distrib()}.txt", 'a')
+    def before_batch(self):
+        if not self.training: return
+        self.log.write(f"{attempt} {self.train_iter} {time.time()}\n"); self.log.flush()
+        if attempt == 0 and self.train_iter == int(os.environ.get('KILL_AT', -1)) and os.environ.get('KILL_RANK', '0') in ('all', str(rank_distrib())):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+root,every,epochs = Path(sys.argv[1]),int(sys.argv[2]),int((sys.argv[3:] or [3])[0])
+root.mkdir(parents=True, exist_ok=True)
+learn = synth_learner(n=512, path=root, seed=4)
+width = int(os.environ.get('WIDTH', 32))
+learn.model = nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Dropout(0.3), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)) if width > 32 else \
+              nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
+ckpt = CheckpointCallback(memory_every_iters=every or None, async_save=os.environ.get('ASYNC', '1') != '0')
+t,cpu = time.monotonic(),time.process_time()
+with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 0.02, cbs=[ckpt, Noise(), LogAndKill()])
+t,cpu = time.monotonic()-t,time.process_time()-cpu
+sha = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
+(root/f"result{rank_distrib()}.json").write_text(json.dumps(dict(sha=sha, resumed_from=ckpt.resumed_from, tier=ckpt.resumed_tier, seconds=t, cpu=cpu,
+                                                             maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)))

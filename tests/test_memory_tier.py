@@ -1,0 +1,128 @@
+"""`memory_tier` and `checkpoint` (nbs/34_memory_tier.ipynb, nbs/48_checkpoint.ipynb): checkpoints in node memory. A rank
+SIGKILLed under `torchrun --max-restarts` costs at most `memory_every_iters`+1 batches and ends bit for bit as the
+uninterrupted run; a run killed on every rank resumes from memory when run again, and from its directory when memory
+was wiped, holds a checkpoint cut short, is of another world size, or the directory is another run's"""
+import os, sys, json, shutil, subprocess
+from pathlib import Path
+import pytest
+from ddp_safe_fastai.launch import free_port, kill_tree
+from ddp_safe_fastai.memory_tier import MemoryCheckpoints
+
+SCRIPT = str(Path(__file__).parent/'memory_script.py')
+EVERY = 5
+
+def torchrun(root, every=EVERY, nproc=2, restarts=0, timeout=240, epochs=3, **env):
+    "Run the script under torchrun as a user does; its exit status (a run past `timeout` is killed and fails the test)"
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc), '--master_addr', '127.0.0.1',
+           '--master_port', str(free_port()), '--max-restarts', str(restarts), SCRIPT, str(root), str(every), str(epochs)]
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root.parent/f"{root.name}.log", 'a') as log:
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **env})
+        try: return p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            kill_tree(p.pid); pytest.fail(f"torchrun still running after {timeout}s (ranks logged up to: {logged(root)})")
+
+def logged(root): return {f.name: f.read_text().splitlines()[-1:] for f in root.glob('batches*.txt')}
+def log(root): return (root.parent/f"{root.name}.log").read_text()
+def results(root, nproc=2): return [json.loads((root/f"result{r}.json").read_text()) for r in range(nproc)]
+def memory(root): return MemoryCheckpoints((root/'models/ckpt').absolute()).folder
+
+def redone(root, rank):
+    "The training batches done again after the kill (the killed one counted), from the batches each attempt started"
+    lines = [l.split() for l in (root/f"batches{rank}.txt").read_text().splitlines()]
+    first = [int(i) for a,i,_ in lines if a == '0'],[int(i) for a,i,_ in lines if a != '0']
+    return sum(i >= first[1][0] for i in first[0])
+
+@pytest.fixture(scope='module')
+def uninterrupted(tmp_path_factory):
+    "The weights of the run without memory checkpoints; with them, and nothing killed, the same, and nothing left in memory"
+    plain,tiered = tmp_path_factory.mktemp('plain')/'run',tmp_path_factory.mktemp('tiered')/'run'
+    assert torchrun(plain, every=0) == 0, log(plain)[-3000:]
+    assert torchrun(tiered) == 0, log(tiered)[-3000:]
+    sha = {r['sha'] for r in results(plain) + results(tiered)}
+    assert len(sha) == 1 and not memory(tiered).exists()
+    return sha.pop()
+
+@pytest.mark.parametrize('victim,at,background', [(1, 43, True), (0, 58, True), (1, 71, False)])
+def test_killed_rank_costs_at_most_n_plus_1_batches(uninterrupted, tmp_path, victim, at, background):
+    "torchrun restarts the workers after one is SIGKILLed: they resume from memory, redo at most N+1 batches, end bit for bit (`async_save` or not)"
+    root = tmp_path/'run'
+    assert torchrun(root, restarts=2, KILL_AT=str(at), KILL_RANK=str(victim), ASYNC=str(int(background))) == 0, log(root)[-3000:]
+    res = results(root)
+    assert [r['tier'] for r in res] == ['memory']*2 and res[0]['sha'] == res[1]['sha'] == uninterrupted
+    assert '(node memory)' in log(root)
+    assert all(1 <= redone(root, r) <= EVERY+1 for r in range(2)), [redone(root, r) for r in range(2)]
+    assert not memory(root).exists()  # removed as the fit ended
+
+@pytest.fixture(scope='module')
+def killed(tmp_path_factory):
+    "A run whose every rank was SIGKILLed at batch 43: its directory (epoch_0001 complete) and its memory (batch 40), copied aside"
+    root = tmp_path_factory.mktemp('killed')/'run'
+    assert torchrun(root, KILL_AT='43', KILL_RANK='all') != 0
+    assert MemoryCheckpoints((root/'models/ckpt').absolute()).latest()[0] == 'epoch_0001_iter_000008'
+    aside = root.parent/'aside'
+    shutil.copytree(root, aside/'run'); shutil.copytree(memory(root), aside/'memory')
+    yield root, aside
+    shutil.rmtree(memory(root), ignore_errors=True)
+
+def restore(killed):
+    "The killed run's directory and memory as the kill left them"
+    root,aside = killed
+    shutil.rmtree(root); shutil.rmtree(memory(root), ignore_errors=True)
+    shutil.copytree(aside/'run', root); shutil.copytree(aside/'memory', memory(root))
+    return root
+
+def check(*args):
+    "`ddp-safe-check ARGS`, as a user runs it: what it printed"
+    out = subprocess.run([sys.executable, '-m', 'ddp_safe_fastai.check', *map(str, args)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out
+    return out.stdout
+
+def again(killed, tmp_path, change=lambda root, mem: None, nproc=2):
+    "The killed run's directory and memory as the kill left them, `change`d; the same command run again: its results"
+    root = restore(killed)
+    change(root, memory(root))
+    assert torchrun(root, nproc=nproc) == 0, log(root)[-3000:]
+    assert not memory(root).exists()
+    return results(root, nproc)
+
+def test_run_again_resumes_from_memory(uninterrupted, killed, tmp_path):
+    "`ddp-safe-check inspect` shows both tiers and which one a resume takes; the same command run again takes it"
+    def inspected(root, mem):
+        said = check('inspect', root/'models/ckpt')
+        assert f"node memory ({mem}): 1 checkpoint(s); latest names 'epoch_0001_iter_000008'" in said, said
+        assert "a resume on 2 rank(s) takes epoch_0001_iter_000008 from node memory" in said, said
+    res = again(killed, tmp_path, inspected)
+    assert res[0]['resumed_from'] == 'epoch_0001_iter_000008' and res[0]['tier'] == 'memory' and res[0]['sha'] == uninterrupted
+
+def test_memory_wiped_resumes_from_the_directory(uninterrupted, killed, tmp_path):
+    "After a reboot memory is empty"
+    res = again(killed, tmp_path, lambda root, mem: shutil.rmtree(mem))
+    assert res[0]['resumed_from'] == 'epoch_0001' and res[0]['tier'] == 'disk' and res[0]['sha'] == uninterrupted
+
+def test_memory_checkpoint_cut_short_is_refused(uninterrupted, killed, tmp_path):
+    "A write killed half-way leaves a file shorter than its manifest says"
+    def cut(root, mem):
+        f = mem/'epoch_0001_iter_000008'/'state.pth'
+        f.write_bytes(f.read_bytes()[:100])
+    res = again(killed, tmp_path, cut)
+    assert res[0]['resumed_from'] == 'epoch_0001' and res[0]['tier'] == 'disk' and res[0]['sha'] == uninterrupted
+
+def test_another_runs_memory_checkpoint_is_refused(uninterrupted, killed, tmp_path):
+    "The directory deleted and trained into again is another run: it starts afresh, whatever memory holds"
+    res = again(killed, tmp_path, lambda root, mem: shutil.rmtree(root/'models'))
+    assert res[0]['resumed_from'] is None and res[0]['sha'] == uninterrupted
+
+def test_another_world_size_takes_the_directory(killed, tmp_path):
+    "One rank: the memory checkpoint of two is another job's; the directory's resumes, as on any world size"
+    res = again(killed, tmp_path, nproc=1)
+    assert res[0]['resumed_from'] == 'epoch_0001' and res[0]['tier'] == 'disk'
+
+def test_memory_of_runs_gone_is_listed_and_removed(killed):
+    "`ddp-safe-check memory` lists a killed run's memory checkpoint; once its directory is gone, `--remove` removes it"
+    root = restore(killed)
+    said = check('memory')
+    assert f"{memory(root)}: {(root/'models/ckpt').absolute()}, epoch_0001_iter_000008" in said and 'its run may resume from it' in said, said
+    shutil.rmtree(root/'models')
+    assert f"{memory(root)}: {(root/'models/ckpt').absolute()}, epoch_0001_iter_000008" in check('memory', '--remove')
+    assert not memory(root).exists()
