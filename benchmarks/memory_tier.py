@@ -20,7 +20,7 @@ BATCHES,COST_EPOCHS = 96,12  # training batches a rank over the 3 epochs of a ki
 
 def kill_trial(d, i, rng, full, every=5):
     root,victim,at = Path(d)/f"kill{i}",rng.randrange(2),rng.randrange(1, BATCHES)
-    rc = torchrun(root, every, restarts=2, KILL_AT=str(at), KILL_RANK=str(victim))
+    rc = torchrun(root, every, restarts=2, epochs=3, KILL_AT=str(at), KILL_RANK=str(victim))
     res = results(root) if rc == 0 else [{}]
     lines = [l.split() for l in (root/f"batches{victim}.txt").read_text().splitlines()]
     killed_at = max(float(t) for a,_,t in lines if a == '0')
@@ -55,7 +55,7 @@ if __name__ == '__main__':
     rng,report = random.Random(a.seed),{}
     with tempfile.TemporaryDirectory() as d:
         if a.kills:
-            assert torchrun(Path(d)/'full', 0) == 0
+            assert torchrun(Path(d)/'full', 0, epochs=3) == 0
             full = results(Path(d)/'full')[0]['sha']
         trials = [kill_trial(d, i, rng, full) for i in range(a.kills)]
         if trials: print(f"{'rank':>4} {'batch':>6} {'redone':>7} {'durable alone':>14} {'s to training':>14} {'tier':>7} {'same':>5} {'left':>5}")

@@ -11,14 +11,18 @@ from .fastai_imports import fastai_defaults_kept
 from .patches import *  # every change to fastai, applied before a callback runs
 with fastai_defaults_kept(): from fastai.callback.tracker import SaveModelCallback, TrackerCallback
 from .core import *
-from .persist import check_not_replaced
+from .persist import check_not_replaced, SaveHandle
 from .learner import save_learner
 from .storage import destination
-from .transport import download_file
-from .object_store import SecretStorageOptions
+from .transport import download_file, upload_file
+from .object_store import SecretStorageOptions, BackgroundUploads, finish_uploads
 
 # %% auto #0
 __all__ = ['SafeSaveModelCallback']
+
+# %% ../nbs/47_callback.ipynb #501d9904
+def _say(msg):
+    if rank_distrib() == 0: print(f"SafeSaveModelCallback: {msg}", flush=True)
 
 # %% ../nbs/47_callback.ipynb #5b422749
 class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
@@ -34,12 +38,13 @@ class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
         reset_on_fit=True, # before model fitting, reset value being monitored to -infinity (if monitor is metric) or +infinity (if monitor is loss).
         scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
         async_save=True, # write in the background: training waits only for a copy in host memory
+        upload_timeout=1800, # with a URL `fname`: seconds the bucket may stay behind (an outage) before every rank raises; the fit's end waits for it this long
         storage_options=None, # with a URL `fname`: the fsspec file system's options (endpoint, credentials); never pickled
     ):
         super().__init__(monitor, comp, min_delta, fname, every_epoch, at_end, with_opt, reset_on_fit)
         check_scope(scope)
-        store_attr('scope,async_save')
-        self.saving = []  # the handles of its saves in the background, which it waits on
+        store_attr('scope,async_save,upload_timeout')
+        self.saving,self.uploads,self.to_upload = [],None,[]  # the handles of its saves in the background, which it waits on; rank 0's uploads, and the saves not yet handed to them
         # with a URL, the model is saved under a local name and uploaded; the end-of-fit reload reads the local copy
         local,self.url = destination(fname, '.')
         self.fname,self.storage_options = str(local),storage_options
@@ -48,14 +53,28 @@ class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
         "Prepare the monitored value; nothing is saved in this fit yet; with a URL, check that the store can be written"
         super().before_fit()
         self._wait_for_saves()  # a fit that raised may have left one writing
-        if self.url: self.check_store(f"SafeSaveModelCallback(fname={self.url!r})")
-        self.saved_in_fit,self.epochs_seen = None,0
+        if self.url:
+            self.check_store(f"SafeSaveModelCallback(fname={self.url!r})")
+            if rank_distrib() == 0: self.uploads = BackgroundUploads(self._upload, self.url, self.store.endpoint, Path(self.learn.path)/self.learn.model_dir, None, self.upload_timeout, _say)
+        self.saved_in_fit,self.epochs_seen,self.to_upload = None,0,[]
 
     def _save(self, name):
-        saved = save_learner(self.learn, name, with_opt=self.with_opt, scope=self.scope, async_save=self.async_save,
-            storage_options=self.storage_options, upload_to=self.url + name[len(self.fname):] + '.pth' if self.url else None)  # `every_epoch` adds `_{epoch}`
+        "Save the model as `name`; with a URL, rank 0 hands the file, once written, to its uploads, which the training does not wait for"
+        saved = save_learner(self.learn, name, with_opt=self.with_opt, scope=self.scope, async_save=self.async_save)
+        if self.uploads: self.to_upload.append((saved, name))
         if self.async_save: self.saving.append(saved)
         self.last_saved_path = self.saved_in_fit = Path(saved)  # a background save's handle is a path to its file
+
+    def _upload(self, name, also=()):
+        "Upload the saved model `name` to its URL (`every_epoch` adds `_{epoch}` to both)"
+        upload_file(Path(self.learn.path)/self.learn.model_dir/f"{name}.pth", self.url + name[len(self.fname):] + '.pth', self.storage_options)
+
+    def _hand_over(self):
+        "Rank 0: hand the saves whose write is done, and succeeded, to the uploads (a failed one is raised by its handle's wait)"
+        done = [(s, n) for s,n in self.to_upload if not isinstance(s, SaveHandle) or s.done()]
+        self.to_upload = [o for o in self.to_upload if o not in done]
+        for s,name in done:
+            if not isinstance(s, SaveHandle) or s.exception() is None: self.uploads.add(name)
 
     def _wait_for_saves(self):
         "Wait for this callback's saves in the background: a failed write is raised here, on every rank"
@@ -65,9 +84,11 @@ class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
     def after_epoch(self):
         "Decide on rank 0 whether the model is the best so far, and save it if so (or every `every_epoch` epochs)"
         self.epochs_seen += 1
+        if self.uploads: self._hand_over()
         if self.every_epoch: return super().after_epoch()
         TrackerCallback.after_epoch(self)
-        self.best,self.new_best = broadcast_object((self.best, self.new_best), what='SafeSaveModelCallback')
+        self.best,self.new_best,failed = broadcast_object((self.best, self.new_best, self.uploads and self.uploads.failure), what='SafeSaveModelCallback')
+        if failed: raise CheckpointError(f"SafeSaveModelCallback(fname={self.url!r}): {failed}")
         if self.new_best:
             if rank_distrib() == 0: print(f'Better model found at epoch {self.epoch} with {self.monitor} value: {self.best}.')
             self._save(self.fname)
@@ -76,6 +97,8 @@ class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
         "Save the model (`at_end`), or load the best one saved in this fit, once its write is done"
         if self.at_end: self._save(self.fname)
         self._wait_for_saves()
+        if self.uploads: self._hand_over()
+        if self.url: uploads,self.uploads = self.uploads,None; finish_uploads(uploads, f"SafeSaveModelCallback(fname={self.url!r})", self.upload_timeout, _say)
         if self.at_end or self.every_epoch: return
         if self.saved_in_fit is None:
             if not self.epochs_seen: return # no epoch ran in this fit (a resumed run had done it): nothing to reload
@@ -92,3 +115,7 @@ class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
             try: download_file(f"{self.url}.pth", file, self.storage_options)
             except CheckpointError as e: why = str(e)
         raise_failures(exchange(why, 'SafeSaveModelCallback download'), f"SafeSaveModelCallback reload of {self.url}.pth")
+
+    def after_fit_raised(self, e):
+        "The fit raised: its uploads go on while the process lives, and the callback lets go of them (it may be pickled, `Learner.export`)"
+        if self.uploads: self.uploads.close(); self.uploads = None

@@ -410,9 +410,9 @@ def _memory_report(durable, # the run's durable location: a local directory (abs
                    identity, # the run's identity (`memory_tier.run_identity`), None where it is not known here
                    chosen, # (name, manifest) a resume takes from the durable tier
                    memory_dir=None):
-    "What node memory holds of the run at `durable`, and which tier a resume takes"
+    "What node memory holds of the run at `durable`, and which tier a resume takes; None if it holds nothing of it"
     mem = MemoryCheckpoints(durable, memory_dir)
-    if not mem.folder.is_dir() or not mem.names(): return f"node memory ({mem.folder}): nothing of this run"
+    if not mem.folder.is_dir() or not mem.names(): return None
     lines = [mem.report(f"node memory ({mem.folder})")]
     found = mem.latest_of(identity) if identity else (None, None)
     if identity is None: lines.append("this run's identity is not known here (its local directory): a resume decides")
@@ -429,13 +429,14 @@ def _inspect_main(a):
             store = ObjectStoreDir(url)
             if not store.exists(): print(f"{a.path}: nothing there (no such bucket, container or prefix)"); return 2
             print(store.report())
-            print(_memory_report(url, None, store.latest(), a.memory_dir)); return 0
+            if (mem := _memory_report(url, None, store.latest(), a.memory_dir)): print(mem)
+            return 0
         except Exception as e: print(f"{a.path}: {describe(e)}"); return 2
     print(checkpoints_report(local))
     if not local.is_dir(): return 2
     identity = (local/'run_identity').read_text().strip() if (local/'run_identity').is_file() else None
     chosen = CheckpointDir(local).stored.latest()
-    print(_memory_report(local.absolute(), identity, chosen, a.memory_dir))
+    if (mem := _memory_report(local.absolute(), identity, chosen, a.memory_dir)): print(mem)
     return 0
 
 # %% ../nbs/60_check.ipynb #13ab6901

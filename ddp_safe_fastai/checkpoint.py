@@ -18,7 +18,7 @@ from .resume import ResumePoint
 from .manifest import *
 from .storage import destination
 from .checkpoint_dir import *
-from .object_store import SecretStorageOptions, BackgroundUploads
+from .object_store import SecretStorageOptions, checkpoint_uploads, finish_uploads
 from .memory_tier import MemoryTier, run_identity, restarts_left
 from .files import check_room, state_bytes
 from .signals import *
@@ -165,9 +165,9 @@ class CheckpointCallback(SecretStorageOptions, Callback):
             self.check_store(f"CheckpointCallback(fname={self.fname!r})")
             if rank_distrib() == 0:
                 self._abort_unfinished_uploads()
-                self.uploads = BackgroundUploads(self.store, self.root, self.keep, self.keep_best, self.upload_timeout, _say)
+                self.uploads = checkpoint_uploads(self.store, self.root, self.keep, self.keep_best, self.upload_timeout, _say)
         if self.resume: self._resume()
-        if self.memory and rank_distrib() == 0: self._memory_run()
+        if self.memory: self._memory_run()
         if self.stop_on_signal and threading.current_thread() is threading.main_thread(): # after a resume that may raise:
             self.watch = SignalWatch(self.learn, f"{run_prefix()}/stop/{self.fit_no}") # the fit's end closes it
 
@@ -178,18 +178,16 @@ class CheckpointCallback(SecretStorageOptions, Callback):
         if keys: _say(f"aborted {len(keys)} upload(s) to {self.fname} that a killed run left unfinished: {', '.join(keys)}")
 
     def _latest(self):
-        "On rank 0: (name, manifest, tier) of the newest complete checkpoint: on the disk, in the object store, or in node memory; (None, None, None) if none"
+        "On rank 0: (name, manifest, tier) of each complete durable checkpoint a resume may take: on the disk, in the object store"
         found = self.dir.latest()
-        tiers = [(found.name, read_manifest(found), 'disk') if found else (None, None, None)]
-        if self.store: tiers.append((*self.store.latest(), 'bucket'))
-        if self.memory: tiers.append((*self.memory.memory.latest_of(run_identity(self.root), world_size()), 'memory'))
-        # the newest; of two at the same point, the first: a durable one
-        return max(reversed([t for t in tiers if t[0]]), key=lambda t: training_position_of(*t[:2]), default=(None, None, None))
+        tiers = [(found.name, read_manifest(found), 'disk')] if found else []
+        return tiers + ([(*there, 'bucket')] if self.store and (there := self.store.latest())[0] else [])
 
     def _memory_run(self):
-        "On rank 0, once resumed: the run's identity (a new one unless it resumed), and its memory folder rid of other runs' checkpoints and incomplete ones"
-        self.memory.identity = run_identity(self.root, new=self.resumed_from is None)
-        self.memory.memory.prune(self.memory.identity, keep=self.resumed_from if self.resumed_tier == 'memory' else None)
+        "Once resumed: the run's identity (a new one unless it resumed) on every node's writer, and each node's memory rid of other runs' checkpoints and incomplete ones"
+        identity = run_identity(self.root, new=self.resumed_from is None) if rank_distrib() == 0 else None
+        self.memory.identity = broadcast_object(identity, what='CheckpointCallback run identity')
+        if self.memory.writes: self.memory.memory.prune(self.memory.identity, keep=self.resumed_from if self.resumed_tier == 'memory' else None)
 
     def _download(self, name):
         "Rank 0 downloads checkpoint `name` unless it has it whole (the others read its bytes, see `read_on_all`); failures on every rank"
@@ -203,10 +201,15 @@ class CheckpointCallback(SecretStorageOptions, Callback):
     def _resume(self):
         "Rank 0 finds the latest complete checkpoint (here, or in the object store); every rank checks its format and follows"
         background_saves.finish(file=self.root/'latest')  # as a load: the commits of this directory in flight (a fit that raised) are done first
-        try: found,why = self._latest() if rank_distrib() == 0 else (None, None, None),None
-        except Exception as e: found,why = (None, None, None),str(e) if isinstance(e, CheckpointError) else describe(e)  # the store's own errors too
-        (name,manifest,tier),why = broadcast_object((found, why), what='CheckpointCallback resume')
-        if why: raise CheckpointError(f"CheckpointCallback resume from {self.fname}: {why}")
+        identity = broadcast_object(run_identity(self.root) if rank_distrib() == 0 else None, what='CheckpointCallback run') if self.memory else None
+        try: found,why = self._latest() if rank_distrib() == 0 else [],None
+        except Exception as e: found,why = [],str(e) if isinstance(e, CheckpointError) else describe(e)  # the store's own errors too
+        mine = self.memory.latest(identity) if self.memory else (None, None)  # on each node's writer: its own memory's
+        said = exchange((found, why, mine), 'CheckpointCallback resume')
+        if (why := said[0][1]): raise CheckpointError(f"CheckpointCallback resume from {self.fname}: {why}")
+        # decided together: the newest of rank 0's durable checkpoints and every node's memory; of two at one point, the first (durable)
+        tiers = said[0][0] + [(*m, 'memory') for _,_,m in said if m[0]]
+        name,manifest,tier = max(tiers, key=lambda t: training_position_of(*t[:2]), default=(None, None, None))
         if name is None: return
         check_format(manifest, self.root/name)
         if manifest.get('fit', 0) < self.fit_no: return # one of an earlier fit: this fit starts afresh
@@ -220,8 +223,9 @@ class CheckpointCallback(SecretStorageOptions, Callback):
 
     def _restore(self, ckpt, manifest, tier='disk'):
         "Load the checkpoint on every rank and put the Learner where it was"
-        state = read_training_state(ckpt, manifest, 'resume', self.scope, model_device(self.learn.model))  # placed by now: the callback is the last
-        rng = rng_state_for(load_state(ckpt/'rng.pth', 'cpu', what='resume', scope=self.scope), rank_distrib())
+        scope = 'global' if tier == 'memory' else self.scope  # a node whose memory is empty is sent another's copy
+        state = read_training_state(ckpt, manifest, 'resume', scope, model_device(self.learn.model))  # placed by now: the callback is the last
+        rng = rng_state_for(load_state(ckpt/'rng.pth', 'cpu', what='resume', scope=scope), rank_distrib())
         apply_state(self.learn, state, rng, what=f"resume {ckpt}")
         if state['done']: self.within = (state, rng)
         saved,now = manifest.get('world_size', 1),world_size()
@@ -348,9 +352,11 @@ class CheckpointCallback(SecretStorageOptions, Callback):
         return {} if value is None else dict(monitor=dict(name=self.monitor, value=float(value), mode=mode))
 
     def _room(self, ckpt, state):
-        "On the main process: None if `ckpt`'s disk has room for `state`, else why not"
+        "On the main process: None if `ckpt`'s disk has room for `state`, else why not (and which bucket is behind, filling it)"
         try: check_room(ckpt, state_bytes(state))
-        except CheckpointError as e: return str(e)
+        except CheckpointError as e:
+            if not (self.uploads and self.uploads.behind()): return str(e)
+            return f"{e}; it holds the checkpoints not yet uploaded to {self.fname} (endpoint {self.store.endpoint}), which is behind"
 
     def _wait_for_save(self):
         "Wait for this callback's last checkpoint in the background: a failed commit is raised here, on every rank"
@@ -366,10 +372,5 @@ class CheckpointCallback(SecretStorageOptions, Callback):
 
     def _wait_for_uploads(self):
         "As the fit ends: rank 0 waits for the bucket to catch up, up to `upload_timeout`, saying so; a failure is raised on every rank"
-        uploads,self.uploads,why = self.uploads,None,None
-        if uploads is not None:
-            if uploads.behind(): _say(f"waiting for {self.fname} to catch up, for up to {self.upload_timeout:g}s (upload_timeout)")
-            why = uploads.wait(self.upload_timeout)
-            if why is None and uploads.behind(): why = f"upload to {self.fname} (endpoint {self.store.endpoint}) not done after {self.upload_timeout:g}s (upload_timeout)"
-            uploads.close()
-        raise_failures(exchange(why, 'CheckpointCallback uploads', self.upload_timeout + distrib_timeout()), f"CheckpointCallback {self.fname}")
+        uploads,self.uploads = self.uploads,None
+        finish_uploads(uploads, f"CheckpointCallback {self.fname}", self.upload_timeout, _say)

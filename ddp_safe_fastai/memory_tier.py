@@ -13,7 +13,7 @@ from .errors import *
 from .core import *
 from .files import state_bytes
 from .background import background_saves, StagedState
-from .train_state import get_rng_state, checkpoint_files
+from .train_state import get_rng_state, checkpoint_files, world_size
 from .files import atomic_write
 from .written import remove_tree
 from .manifest import *
@@ -150,27 +150,31 @@ def restarts_left():
 
 # %% ../nbs/34_memory_tier.ipynb #18fed5c2
 class MemoryTier:
-    "A fit's checkpoints in node memory every `every` training batches: staged as a background save is, written by rank 0 in a thread of its own"
+    "A fit's checkpoints in node memory every `every` training batches: staged as a background save is, written by each node's local rank 0 in a thread of its own"
     def __init__(self, every, # training batches between two memory checkpoints, counted across epochs
                  durable, # the run's durable location (a directory or a URL): it names the run's memory folder
                  memory_dir=None, # the tmpfs (default `/dev/shm`)
                  async_save=True): # write in the memory writer's thread, else in the training thread
         store_attr()
-        self.memory,self.writes = MemoryCheckpoints(durable, memory_dir),rank_distrib() == 0  # on every rank: where a resume reads
+        self.memory,self.writes = MemoryCheckpoints(durable, memory_dir),local_rank_distrib() == 0  # on every rank: where a resume reads
         self.on,self.identity,self.writing,self.staged,self.failure = True,None,None,None,None
 
     def due(self, train_iter): return self.on and train_iter % self.every == 0
+
+    def latest(self, identity): # the run's (`run_identity`), as rank 0 read it
+        "On a node's writer: (name, manifest) of the newest complete checkpoint of run `identity` on this world size in this node's memory"
+        return self.memory.latest_of(identity, world_size()) if self.writes and identity else (None, None)
 
     def save(self, state, # `capture_state`'s, on every rank
              name, # the checkpoint (`checkpoint_name`)
              info, # what its manifest says of it
              later=()): # `data_ptr`s of tensors the training changes only at its next step: copied meanwhile
-        "On every rank: hand the random states to rank 0, which writes `state` as checkpoint `name`; if rank 0 cannot, the tier goes off on every rank"
+        "On every rank: hand the random states to every node's writer, which writes `state` as checkpoint `name`; if one cannot, the tier goes off on every rank"
         why = (self.failure or memory_room(self.memory.folder.parent, state_bytes(state))) if self.writes else None
         rngs,whys = zip(*exchange((get_rng_state(), why), 'CheckpointCallback memory checkpoint'))
-        if whys[0]:
+        if any(whys):
             self.on = False
-            if self.writes: print(f"CheckpointCallback: no more memory checkpoints in this fit ({whys[0]}); the training goes on", flush=True)
+            if rank_distrib() == 0: print(f"CheckpointCallback: no more memory checkpoints in this fit ({next(w for w in whys if w)}); the training goes on", flush=True)
             return
         if not self.writes: return
         self.staged = background_saves.stage(state, later) if self.async_save else None

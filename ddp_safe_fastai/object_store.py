@@ -12,12 +12,14 @@ from .files import atomic_write
 from .written import remove_tree
 from .transport import *
 from .transport import will_not_pass
+from .ranks import distrib_timeout
 from .manifest import *
 from .storage import *
 from .checkpoint_dir import *
 
 # %% auto #0
-__all__ = ['ObjectStoreDir', 'check_writable', 'SecretStorageOptions', 'BackgroundUploads', 'upload_file', 'FsspecStorage']
+__all__ = ['ObjectStoreDir', 'check_writable', 'SecretStorageOptions', 'BackgroundUploads', 'checkpoint_uploads',
+           'finish_uploads', 'upload_file', 'FsspecStorage']
 
 # %% ../nbs/33_object_store.ipynb #13806d4a
 class ObjectStoreDir(StoredCheckpoints):
@@ -96,11 +98,12 @@ class SecretStorageOptions:
 
 # %% ../nbs/33_object_store.ipynb #7226b978
 class BackgroundUploads:
-    "The uploads of checkpoints committed under `root` to `store`, in a thread of their own: the newest `keep` pending first sent when the store answers"
-    def __init__(self, store, # an `ObjectStoreDir`
-                 root, # the local directory the checkpoints are committed in
-                 keep=2, # how many complete checkpoints the store keeps, the newest
-                 keep_best=0, # also keep the `keep_best` best by their monitored metric
+    "Uploads in a thread of their own: what was saved locally sent by `send`, the newest `keep` of those pending first when the store answers"
+    def __init__(self, send, # send(name, also): upload `name` whole, or raise
+                 url, # where they go, for messages
+                 endpoint, # the store's endpoint, for messages
+                 local, # where they are kept meanwhile, for messages
+                 keep=None, # send the newest `keep` of those pending, older ones skipped (None: every one)
                  timeout=1800, # seconds the store may stay behind (an outage) before the uploads fail
                  say=print): # how rank 0 tells the user the store is behind, and has caught up
         store_attr()
@@ -109,9 +112,9 @@ class BackgroundUploads:
         self.thread = threading.Thread(target=self._run, name='ddp_safe_uploads', daemon=True)
         self.thread.start()
 
-    def add(self, name, # a checkpoint just committed under `root`
-            also=()): # the names of checkpoints the store never rotates out (the one the run resumed from)
-        "Send checkpoint `name` when the store answers; the newest `keep` of those pending are sent, older ones skipped"
+    def add(self, name, # what was just saved locally (a checkpoint, a file)
+            also=()): # what `send` is also given (the checkpoints the store never rotates out)
+        "Send `name` when the store answers; the newest `keep` of those pending are sent, older ones skipped"
         with self.idle:
             self.pending.append(name); self.also = also; self.idle.notify_all()
             if self.sending: self._behind(f"{name} committed while {self.sending[-1]} is still being sent")
@@ -125,20 +128,21 @@ class BackgroundUploads:
             with self.idle:
                 while not (self.pending or self.closed): self.idle.wait()
                 if not self.pending: return
-                self.sending,self.pending = self.pending[-self.keep:],[]
+                newest = list(dict.fromkeys(reversed(self.pending)))[:self.keep]  # a file saved again is sent once
+                self.sending,self.pending = newest[::-1],[]
             try: sent = all(self._send(n) for n in self.sending)
             except CheckpointError as e: self._fail(e); return
             with self.idle:
                 if not sent: self.pending = self.sending + self.pending  # the newest of them are sent when the store answers again
                 elif not self.pending and self.behind_since is not None:  # said before `wait` returns
-                    self.say(f"{self.store.url} has caught up: {self.sending[-1]} uploaded, after {time.monotonic()-self.behind_since:.0f}s behind")
+                    self.say(f"{self.url} has caught up: {self.sending[-1]} uploaded, after {time.monotonic()-self.behind_since:.0f}s behind")
                     self.behind_since = None
                 self.sending = []
                 self.idle.notify_all()
 
     def _send(self, name):
-        "Upload checkpoint `name`: True once it is in the store; False after a failure that may pass (the store is behind)"
-        try: self.store.upload(self.root/name, self.keep, self.keep_best, self.also); return True
+        "Upload `name`: True once it is in the store; False after a failure that may pass (the store is behind)"
+        try: self.send(name, self.also); return True
         except Exception as e:
             if will_not_pass(e): raise CheckpointError(self._why(e)) from e
             self._behind(describe(e).splitlines()[0])
@@ -151,12 +155,12 @@ class BackgroundUploads:
         "Say once that the store is behind, and why"
         if self.behind_since is not None: return
         self.behind_since = time.monotonic()
-        self.say(f"{self.store.url} is behind ({why}): the training goes on, every checkpoint committed in {self.root}; "
+        self.say(f"{self.url} is behind ({why}): the training goes on, what it saves kept in {self.local}; "
                  f"the uploads go on trying for up to {self.timeout:g}s")
 
     def _why(self, e, after=''):
-        return (f"upload to {self.store.url} (endpoint {self.store.endpoint}) failed{', ' + after if after else ''}: "
-                f"{describe(e).splitlines()[0]}; every checkpoint is committed in {self.root}, and the bucket keeps what it had")
+        return (f"upload to {self.url} (endpoint {self.endpoint}) failed{', ' + after if after else ''}: "
+                f"{describe(e).splitlines()[0]}; what was saved is kept in {self.local}, and the bucket keeps what it had")
 
     def _fail(self, e):
         with self.idle: self.failure,self.pending,self.sending = str(e),[],[]; self.idle.notify_all()
@@ -178,6 +182,31 @@ class BackgroundUploads:
     def close(self):
         "End the thread once nothing is pending (a fit that raised leaves its uploads going until then)"
         with self.idle: self.closed = True; self.idle.notify_all()
+
+# %% ../nbs/33_object_store.ipynb #ce444fd4
+def checkpoint_uploads(store, # an `ObjectStoreDir`
+                       root, # the local directory the checkpoints are committed in
+                       keep=2, # how many complete checkpoints the store keeps, the newest
+                       keep_best=0, # also keep the `keep_best` best by their monitored metric
+                       timeout=1800, # seconds the store may stay behind before the uploads fail
+                       say=print): # how rank 0 tells the user the store is behind, and has caught up
+    "`BackgroundUploads` of the checkpoints committed under `root`, each uploaded as it was committed (`ObjectStoreDir.upload`)"
+    def send(name, also): store.upload(Path(root)/name, keep, keep_best, also)
+    return BackgroundUploads(send, store.url, store.endpoint, root, keep, timeout, say)
+
+# %% ../nbs/33_object_store.ipynb #d6ae0c52
+def finish_uploads(uploads, # this rank's `BackgroundUploads` (rank 0's), or None
+                   what, # the caller, for messages and the all-gather's name: `CheckpointCallback(fname=...)`
+                   timeout, # seconds to wait for the store (`upload_timeout`)
+                   say=print): # how rank 0 says it waits
+    "As a fit ends: rank 0 waits for its uploads up to `timeout`, saying so if the store is behind; a failure raised on every rank"
+    why = None
+    if uploads is not None:
+        if uploads.behind(): say(f"waiting for {uploads.url} to catch up, for up to {timeout:g}s (upload_timeout)")
+        why = uploads.wait(timeout)
+        if why is None and uploads.behind(): why = f"upload to {uploads.url} (endpoint {uploads.endpoint}) not done after {timeout:g}s (upload_timeout)"
+        uploads.close()
+    raise_failures(exchange(why, f"{what} uploads", timeout + distrib_timeout()), what)
 
 # %% ../nbs/33_object_store.ipynb #f1c36fc2
 _all_ = ['upload_file', 'FsspecStorage']

@@ -71,15 +71,15 @@ def _check_in(name, file, timeout):
 
 # %% ../nbs/13_reads.ipynb #ff9db2ba
 def _source(file, name, scope, timeout):
-    "What this rank reads: `file`, or rank 0's bytes of it when its directory is not shared"
+    "What this rank reads: `file`, or the bytes of rank 0's copy (else of the first rank with one) when its directory is not shared"
     have = _check_in(name, file, timeout)
-    if scope == 'node' or dir_is_shared(file.parent, timeout, name) is not False: return file
+    if scope == 'node' or dir_is_shared(file.parent, timeout, name) is not False and (have[0] or not any(have)): return file
     if _broadcast_files():
-        data = b''
-        if rank_distrib() == 0 and have[0]:
+        src,data = next((r for r,h in enumerate(have) if h), 0),b''  # rank 0, unless it has no copy and another rank has
+        if rank_distrib() == src and have[src]:
             try: data = file.read_bytes()
             except OSError: pass # every rank then reads its own disk, and the failures are shared as usual
-        data = broadcast_bytes(data)
+        data = broadcast_bytes(data, src)
         return io.BytesIO(data) if data else file
     ranks = [r for r,h in enumerate(have) if not h]
     if ranks: raise CheckpointError(f"load {file}: its directory is not shared across nodes, and rank(s) {ranks} on "

@@ -135,11 +135,12 @@ class Swift:
 
 class Outage:
     """A TCP relay on 127.0.0.1 in front of a real server's `endpoint` (http://host:port): 'up' relays every byte;
-    'stall' takes connections and never answers (those open freeze too), as a hung endpoint does; 'refuse' closes its
-    port, as a stopped server does. Started and stopped by the test (`with Outage(...) as o:`)"""
+    'stall' takes connections and never answers (those open freeze too), as a hung endpoint does, and resets those it
+    never answered when it comes back up, as a restarted one does; 'refuse' closes its port, as a stopped server does.
+    Started and stopped by the test (`with Outage(...) as o:`)"""
     def __init__(self, endpoint):
         self.target = tuple(endpoint.split('://')[1].rsplit(':', 1)); self.target = (self.target[0], int(self.target[1]))
-        self.port,self.mode,self.conns,self.listener,self.done = free_port(),'up',[],None,False
+        self.port,self.mode,self.conns,self.held,self.listener,self.done = free_port(),'up',[],[],None,False
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._listen()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -153,7 +154,7 @@ class Outage:
             if self.mode == 'refuse' or self.listener is None: time.sleep(0.05); continue
             try: c,_ = self.listener.accept()
             except (socket.timeout, OSError): continue
-            if self.mode == 'stall': self.conns.append(c); continue  # taken, never answered
+            if self.mode == 'stall': self.held.append(c); continue  # taken, never answered
             try: s = socket.create_connection(self.target, timeout=5)
             except OSError: c.close(); continue
             self.conns += [c, s]
@@ -178,11 +179,14 @@ class Outage:
             self.conns = []
         else:
             if self.listener is None: self._listen()
+            if mode == 'up':
+                for c in self.held: c.close()  # reset: the client tries again
+                self.held = []
             self.mode = mode
     def __enter__(self): return self
     def __exit__(self, *exc):
         self.done = True
-        for c in self.conns + ([self.listener] if self.listener else []):
+        for c in self.conns + self.held + ([self.listener] if self.listener else []):
             try: c.close()
             except OSError: pass
 

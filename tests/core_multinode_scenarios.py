@@ -51,3 +51,17 @@ def check_here(path):
     from ddp_safe_fastai.check import check_dir
     rep = check_dir(path)
     return dict(node=node_rank_distrib(), shared=rep and rep['shared'])
+
+def node_memory(disk, stop_at=None):
+    """Two epochs with a checkpoint every 4 training batches into each node's own memory (`memory_dir` on this node's
+    disk: node-local, as a tmpfs is); with `stop_at`, every rank waits to be killed as that training batch starts"""
+    import time
+    class WaitToBeKilled(Callback):
+        def before_batch(self):
+            if self.training and self.train_iter == stop_at: Path(disk, f"at{rank_distrib()}").touch(); time.sleep(300)
+    (Path(disk)/'shm').mkdir(exist_ok=True)  # this node's memory, as a tmpfs is there before the run
+    learn = synth_learner(n=256, path=Path(disk), seed=1)
+    ckpt = CheckpointCallback(memory_every_iters=4, memory_dir=Path(disk)/'shm')
+    with learn.distrib_ctx(): learn.fit(2, 0.1, cbs=[ckpt, WaitToBeKilled()])
+    return dict(node=node_rank_distrib(), resumed_from=ckpt.resumed_from, tier=ckpt.resumed_tier,
+                weights=[p.detach().flatten().tolist() for p in learn.model.parameters()])

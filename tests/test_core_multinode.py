@@ -2,7 +2,7 @@
 machine, one rank each, each "node" with its own disk mounted at the same path in its own mount namespace; either on
 one address (a c10d rendezvous on 127.0.0.1), or as hosts that share neither a disk nor an address (each agent in a
 network namespace of its own, with its own address and host name)"""
-import pytest
+import shutil, pytest
 import core_multinode_scenarios as s, text_scenarios as t
 from conftest import values, own_disks, needs_mounts, needs_netns
 from ddp_safe_fastai.launch import torchrun_ranks
@@ -19,6 +19,7 @@ def nodes(request, tmp_path):
                                     timeout=240, env={**gloo, **(env or {})}))
         return {r['node']: r for r in res}
     run.shared = mnt.parent/'shared'  # the same directory on both nodes: not under either node's mount
+    run.path,run.launch = mnt,dict(node_prefix=prefix, host=host, timeout=240, env=gloo)
     return run, disks
 
 def _listing(disk, sub): return sorted(p.name for p in (disk/sub).iterdir()) if (disk/sub).exists() else []
@@ -83,3 +84,21 @@ def test_check_dir_sees_the_disks(nodes):
     run.shared.mkdir()
     assert run(s.check_here)[0]['shared'] is False
     assert run(s.check_here, path=run.shared)[0]['shared'] is True
+
+@hosts_apart
+def test_memory_of_another_node(nodes):
+    """Memory checkpoints on hosts that share neither a disk nor memory: each node holds its own copy. Both ranks killed
+    mid-epoch, node 0's memory lost (a new machine): the run resumes from node 1's copy, sent to node 0 through the
+    process group, and ends with the uninterrupted run's weights"""
+    run, disks = nodes
+    full = run(s.node_memory, init=False)
+    assert full[0]['weights'] == full[1]['weights'] and full[0]['tier'] is None
+    for d in disks: shutil.rmtree(d/'models', ignore_errors=True); shutil.rmtree(d/'shm', ignore_errors=True)
+    assert torchrun_ranks(s.node_memory, str(run.path), 6, nproc=1, nnodes=2, init=False, **run.launch,
+                          kill_when=lambda: all((d/'at0').exists() or (d/'at1').exists() for d in disks)) is None
+    mem = [sorted(p.name for p in (d/'shm').rglob('epoch_*')) for d in disks]
+    assert mem == [['epoch_0000_iter_000004']]*2, mem  # one copy on each node
+    shutil.rmtree(disks[0]/'shm')  # node 0's memory is lost
+    res = run(s.node_memory, init=False)
+    assert [res[n]['tier'] for n in (0, 1)] == ['memory']*2 and res[0]['resumed_from'] == 'epoch_0000_iter_000004'
+    assert res[0]['weights'] == res[1]['weights'] == full[0]['weights']
