@@ -159,7 +159,7 @@ class CheckpointCallback(SecretStorageOptions, Callback):
         if self.fit_no >= 0: self.epochs_before += self.n_epochs_last
         self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
         self.clock = ClockDecision(self.every_minutes) if self.every_minutes else None
-        if self.memory: self.memory.end()  # an earlier fit that raised with restarts left
+        if self.memory: self.memory.end(keep=True)  # an earlier fit whose start raised (its resume): what memory holds stays for this one
         self.memory = MemoryTier(self.memory_every_iters, self.url or self.root.absolute(), self.memory_dir, self.async_save) if self.memory_every_iters else None
         if self.store:
             self.check_store(f"CheckpointCallback(fname={self.fname!r})")
@@ -267,7 +267,7 @@ class CheckpointCallback(SecretStorageOptions, Callback):
         elif self.memory and self.memory.due(self.learn.train_iter): self._save_memory()
 
     def _save_memory(self):
-        "A checkpoint after this batch into node memory (`MemoryTier`): every rank hands rank 0 its random states"
+        "A checkpoint after this batch into node memory (`MemoryTier`): every rank hands each node's writer its random states"
         done = self.done + [(world_size(), self.iter+1 - self.segment_start)]
         state = capture_state(self.learn, self.fit_no, self.epoch_dl_rng, done)
         info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done), fit=self.fit_no, world_size=world_size())
