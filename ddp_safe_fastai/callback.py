@@ -12,7 +12,7 @@ from .patches import *  # every change to fastai, applied before a callback runs
 with fastai_defaults_kept(): from fastai.callback.tracker import SaveModelCallback, TrackerCallback
 from .core import *
 from .persist import check_not_replaced, SaveHandle
-from .learner import save_learner
+from .learner import save_learner, model_file
 from .storage import destination
 from .transport import download_file, upload_file
 from .object_store import SecretStorageOptions, BackgroundUploads, finish_uploads
@@ -67,7 +67,7 @@ class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
 
     def _upload(self, name, also=()):
         "Upload the saved model `name` to its URL (`every_epoch` adds `_{epoch}` to both)"
-        upload_file(Path(self.learn.path)/self.learn.model_dir/f"{name}.pth", self.url + name[len(self.fname):] + '.pth', self.storage_options)
+        upload_file(model_file(self.learn, name), self.url + name[len(self.fname):] + '.pth', self.storage_options)
 
     def _hand_over(self):
         "Rank 0: hand the saves whose write is done, and succeeded, to the uploads (a failed one is raised by its handle's wait)"
@@ -110,7 +110,7 @@ class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
 
     def _download_best(self):
         "With a URL: the best model of this fit downloaded where its local copy is missing (a fit resumed on another machine); a failure on every rank"
-        file,why = Path(self.learn.path)/self.learn.model_dir/f"{self.fname}.pth",None
+        file,why = model_file(self.learn, self.fname),None
         if is_main_process(self.scope) and not file.exists():
             try: download_file(f"{self.url}.pth", file, self.storage_options)
             except CheckpointError as e: why = str(e)

@@ -11,10 +11,9 @@ from pathlib import Path
 from fastcore.basics import *
 from .errors import *
 from .core import *
-from .files import state_bytes
 from .background import background_saves, StagedState
 from .train_state import get_rng_state, checkpoint_files, world_size
-from .files import atomic_write
+from .files import atomic_write, state_bytes
 from .written import remove_tree
 from .manifest import *
 from .storage import LocalStorage
