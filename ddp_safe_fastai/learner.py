@@ -137,11 +137,14 @@ def export(self:Learner,
            pickle_module=cloudpickle, # as for `torch.save`
            pickle_protocol=2, # as for `torch.save`
            storage_options=None, # with a URL `fname`: the fsspec file system's options (endpoint, credentials)
+           upload_timeout=1800, # with a URL `fname`: seconds the store may stay behind (an outage) before the export fails
            **kwargs):
     "Export the content of `self` without the items and the optimizer state for inference, once, atomically"
     write = partial(_export_to, self, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
     local,url = destination(fname, self.path)
-    if url: write = and_upload(write, url, storage_options)
+    if url:
+        write = and_upload(write, url, storage_options, upload_timeout, lambda m: print(f"Learner.export: {m}"))
+        if kwargs.get('timeout') is None: kwargs['timeout'] = upload_timeout + distrib_timeout()  # the others wait for the upload too
     return save_on_main(local, write, **kwargs)
 
 # %% ../nbs/41_learner.ipynb #5b240aef

@@ -4,7 +4,7 @@
 
 # %% ../nbs/14_persist.ipynb #f9ce95ee
 from __future__ import annotations
-import pickle
+import time, pickle
 from functools import partial
 from pathlib import Path
 import torch
@@ -12,7 +12,7 @@ from fastcore.meta import delegates
 from .core import *
 from .files import *
 from .written import *
-from .transport import upload_file
+from .transport import RemoteFiles, will_not_pass
 from .matching import *
 from .background import *
 from .directories import *
@@ -60,11 +60,22 @@ def check_not_replaced(file, # the file this run saved and is about to read back
 # %% ../nbs/14_persist.ipynb #9416241d
 def and_upload(write, # writes the file's content to the path it is given
                url, # where the file also goes: `s3://bucket/key`, any fsspec URL
-               storage_options=None): # the fsspec file system's options
-    "`write`, then an upload of what it wrote to `url`: the local file is put in place only once the upload is whole"
+               storage_options=None, # the fsspec file system's options
+               upload_timeout=1800, # seconds the store may stay behind (an outage) before the upload fails
+               say=print): # how the writer says the store is behind, and has caught up
+    "`write`, then an upload of what it wrote to `url`, tried for up to `upload_timeout` seconds: the local file is put in place only once the upload is whole"
     def write_and_upload(tmp):
         write(tmp)
-        upload_file(tmp, url, storage_options)
+        remote,behind_since = RemoteFiles(url, storage_options, upload_timeout),[]
+        def failed(e):
+            behind_since.append(time.monotonic())
+            say(f"{url} is behind ({describe(e).splitlines()[0]}): the upload goes on trying for up to {upload_timeout:g}s (upload_timeout)")
+        try: remote.put(tmp, failed=failed)
+        except CheckpointError as e:
+            if will_not_pass(e): raise
+            raise CheckpointError(f"upload to {url} (endpoint {remote.endpoint}) failed, still after {upload_timeout:g}s (upload_timeout): "
+                                  f"{describe(e.__cause__).splitlines()[0]}; the bucket keeps what it had") from e
+        if behind_since: say(f"{url} has caught up: uploaded after {time.monotonic()-behind_since[0]:.0f}s behind")
     return write_and_upload
 
 # %% ../nbs/14_persist.ipynb #812f3e61
@@ -110,14 +121,11 @@ def write_state(obj, # what `torch.save` writes
                 file, # the file to write
                 scope='global', durable=True, timeout=None, async_save=False, # as for `save_on_main`
                 later=(), # with `async_save`: `data_ptr`s of tensors copied in the background (see `stage_for_save`)
-                upload_to=None, # also upload the file to this URL of object storage before it is put in place
-                storage_options=None, # with `upload_to`: the fsspec file system's options
                 **torch_save_kwargs):
-    "`save_state`, with the copies that may wait and the upload the library's callbacks ask for"
+    "`save_state`, with the copies that may wait that the library's callbacks ask for"
     staged = stage_for_save(obj, scope, later) if async_save else None
     needed = state_bytes(obj) if is_main_process(scope) else None
     write = lambda tmp: torch.save(obj if staged is None else staged.obj, tmp, **torch_save_kwargs)
-    if upload_to is not None: write = and_upload(write, upload_to, storage_options)
     return run_on_main(file, partial(write_file, Path(file).absolute(), write, durable, needed), scope, timeout, async_save, staged)
 
 # %% ../nbs/14_persist.ipynb #590055a3

@@ -8,6 +8,7 @@ import os, time, shutil, secrets
 from functools import partial
 from pathlib import Path
 from fastcore.basics import *
+from fastcore.imports import noop
 from .errors import *
 from .ranks import distrib_timeout
 from .files import atomic_write
@@ -36,7 +37,8 @@ def will_not_pass(e):
 def retrying(f, # what to do: no arguments
               what, # the operation, for the message
               until, # `time.monotonic()` after which no try starts
-              retry_for): # the seconds of retries the whole operation was given, for the message
+              retry_for, # the seconds of retries the whole operation was given, for the message
+              failed=noop): # told of the first failure that is tried again: `failed(e)`
     "`f()`, tried again after 1, 2, 4... seconds until `until`; else `CheckpointError` with the last failure"
     pause = 1
     while True:
@@ -45,17 +47,28 @@ def retrying(f, # what to do: no arguments
             if _permanent(e): raise CheckpointError(f"{what}: {describe(e)}") from e
             if time.monotonic() + pause > until:
                 raise CheckpointError(f"{what}: {describe(e)} (still after retrying for {retry_for:g}s)") from e
+            if pause == 1: failed(e)
         time.sleep(pause); pause = min(2*pause, 30)
 
 # %% ../nbs/08_transport.ipynb #40d55d91
 _s3_checksums = dict(request_checksum_calculation='when_required', response_checksum_validation='when_required')
 
 def _store_defaults(scheme):
-    "The fsspec options of a store that the user's `storage_options` override: s3fs fails fast, its checksums left to the manifest"
+    "The fsspec options of a store that the user's `storage_options` override: s3fs and adlfs fail fast, s3fs's checksums left to the manifest"
+    if scheme in ('az', 'abfs', 'abfss'): return dict(connection_timeout=5, read_timeout=20)
     if scheme != 's3': return {}
     from botocore.config import Config  # s3fs's client
     checksums = _s3_checksums if set(_s3_checksums) <= set(Config.OPTION_DEFAULTS) else {}  # botocore 1.36 and later
     return dict(config_kwargs=dict(connect_timeout=5, read_timeout=20, retries=dict(max_attempts=2), **checksums))
+
+# %% ../nbs/08_transport.ipynb #a5ac3fbf
+def _bounded_requests(fs):
+    "s3fs's file system `fs`, each of its requests ended within the read timeout: one try of s3fs's, no `Expect: 100-continue`"
+    from botocore.handlers import add_expect_header
+    fs.retries = 1
+    fs.connect()  # its session and client, made without a request
+    for events in (fs.session, fs.s3.meta.events): events.unregister('before-call.s3', add_expect_header)
+    return fs
 
 # %% ../nbs/08_transport.ipynb #9889f15a
 def _merged(defaults, given):
@@ -84,9 +97,16 @@ class RemoteFiles:
         import fsspec  # only object storage needs it
         self.url = url.rstrip('/')
         scheme = self.url.split('://')[0]
-        try: self.fs,self.root = fsspec.core.url_to_fs(self.url, **_merged(_store_defaults(scheme), storage_options or {}))
+        try: self._fs,self.root = fsspec.core.url_to_fs(self.url, **_merged(_store_defaults(scheme), storage_options or {}))
         except (ImportError, ValueError) as e: raise CheckpointError(f"{self.url}: {describe(e)}") from e
+        self._bound = _bounded_requests if scheme == 's3' else noop
         self.retry_for = ifnone(retry_for, float(os.environ.get('DDP_SAFE_UPLOAD_RETRY', min(_retry_default, distrib_timeout()/2))))
+
+    @property
+    def fs(self):
+        "The fsspec file system, its requests bounded (`_bounded_requests`) from its first use on: a rank that never uses it makes no client"
+        self._bound(self._fs); self._bound = noop
+        return self._fs
 
     def __repr__(self): return f"{type(self).__name__}({self.url!r})"
     def path(self, *names): return '/'.join([self.root, *names])
@@ -110,9 +130,9 @@ class RemoteFiles:
         try: self.fs.pipe_file(probe, b''); self.fs.rm_file(probe)
         except Exception as e: raise CheckpointError(f"{self.url} cannot be written: {_why_unwritable(e)}") from e
 
-    def put(self, local, *names, until=None):
-        "Upload the local file `local` to `names` under the URL, whole, retrying until `until` (default: `retry_for` from now)"
-        retrying(lambda: self.fs.put_file(str(local), self.path(*names)), f"upload to {self.url_of(*names)}", ifnone(until, self.until()), self.retry_for)
+    def put(self, local, *names, until=None, failed=noop):
+        "Upload the local file `local` to `names` under the URL, whole, retrying until `until` (default: `retry_for` from now); `failed` as `retrying`'s"
+        retrying(lambda: self.fs.put_file(str(local), self.path(*names)), f"upload to {self.url_of(*names)}", ifnone(until, self.until()), self.retry_for, failed)
 
     def write(self, data, *names, until=None):
         "Write the bytes `data` to `names` under the URL, whole, retrying until `until`"

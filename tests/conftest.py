@@ -135,8 +135,9 @@ class Swift:
 
 class Outage:
     """A TCP relay on 127.0.0.1 in front of a real server's `endpoint` (http://host:port): 'up' relays every byte;
-    'stall' takes connections and never answers (those open freeze too), as a hung endpoint does, and resets those it
-    never answered when it comes back up, as a restarted one does; 'refuse' closes its port, as a stopped server does.
+    'stall' takes connections and never answers (those open freeze too), as a hung endpoint does; those it took then
+    stay unanswered when it is up again, as behind a balancer that lost them; 'refuse' closes its port, as a stopped
+    server does.
     Started and stopped by the test (`with Outage(...) as o:`)"""
     def __init__(self, endpoint):
         self.target = tuple(endpoint.split('://')[1].rsplit(':', 1)); self.target = (self.target[0], int(self.target[1]))
@@ -179,9 +180,6 @@ class Outage:
             self.conns = []
         else:
             if self.listener is None: self._listen()
-            if mode == 'up':
-                for c in self.held: c.close()  # reset: the client tries again
-                self.held = []
             self.mode = mode
     def __enter__(self): return self
     def __exit__(self, *exc):

@@ -186,6 +186,34 @@ def test_store_out_longer_than_the_timeout(tmp_path, swift, mode):
     assert again[0]['resumed_from'] == 'epoch_0006'
     for w,v in zip(again[0]['weights'], r0['weights']): assert torch.equal(w, v)
 
+def export_during_an_outage(root, url, upload_timeout):
+    """A fit, then `Learner.export(url)`, the store's read timeout 3 s: what each rank raised, what it printed, whether
+    the local copy is in place"""
+    learn,said = synth_learner(n=128, path=Path(root), seed=5),io.StringIO()
+    with learn.distrib_ctx(): learn.fit(1, 0.02)
+    try:
+        with contextlib.redirect_stdout(said): learn.export(url, upload_timeout=upload_timeout, storage_options=dict(config_kwargs=dict(read_timeout=3)))
+        error = None
+    except CheckpointError as e: error = str(e)
+    return dict(error=error, said=said.getvalue(), local=(Path(root)/local_copy_name(url)).exists())
+
+def test_export_during_an_outage(tmp_path, swift):
+    """`Learner.export(URL)` while the endpoint stalls for 20 s, longer than `DDP_SAFE_TIMEOUT` (8 s): every rank waits,
+    rank 0 says the bucket is behind and has caught up, the export is in the bucket. A stall longer than `upload_timeout`:
+    every rank raises one error naming the URL and the endpoint, and no local copy is put in place"""
+    url = f"s3://{swift.bucket()}/run/export.pkl"
+    with Outage(swift.endpoint) as relay:
+        env = {**swift.env, 'AWS_ENDPOINT_URL': relay.endpoint, 'DDP_SAFE_TIMEOUT': '8'}
+        out = OutageWhile(relay, lambda: True, 'stall', 20)
+        r0,r1 = values(ranks(export_during_an_outage, str(tmp_path/'a'), url, 1800, init=False, timeout=150, env=env, kill_when=out))
+        assert r0['error'] is None and r1['error'] is None and out.over, (r0, r1)
+        assert f"Learner.export: {url} is behind (" in r0['said'] and f"Learner.export: {url} has caught up" in r0['said'], r0['said']
+        assert swift.fs().cat_file(url[5:]) == (tmp_path/'a'/local_copy_name(url)).read_bytes()
+        relay.set('stall')  # for good
+        r0,r1 = values(ranks(export_during_an_outage, str(tmp_path/'b'), url+'.2', 3, init=False, timeout=150, env=env))
+    assert r0['error'] == r1['error'] and f"upload to {url}.2 (endpoint {relay.endpoint}) failed, still after 3s (upload_timeout): ReadTimeoutError" in r0['error'], (r0, r1)
+    assert not r0['local'] and not swift.fs().exists(url[5:]+'.2')
+
 def fit_with_ballast(root, url, n_epoch):
     "`n_epoch` epochs checkpointed to `url`, the model carrying 64 MiB of ballast: each upload takes a while"
     learn = synth_learner(n=128, path=Path(root), seed=5)
