@@ -122,7 +122,7 @@ def write_state(obj, # what `torch.save` writes
                 scope='global', durable=True, timeout=None, async_save=False, # as for `save_on_main`
                 later=(), # with `async_save`: `data_ptr`s of tensors copied in the background (see `stage_for_save`)
                 **torch_save_kwargs):
-    "`save_state`, with the copies that may wait that the library's callbacks ask for"
+    "`save_state`, with the background copies (`later`) that the library's callbacks ask for"
     staged = stage_for_save(obj, scope, later) if async_save else None
     needed = state_bytes(obj) if is_main_process(scope) else None
     write = lambda tmp: torch.save(obj if staged is None else staged.obj, tmp, **torch_save_kwargs)

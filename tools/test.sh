@@ -29,22 +29,25 @@ slurm_dir=; swift_dir=; azurite_dir=
 cleanup() { [ -z "$slurm_dir" ] || tools/slurm.sh stop "$slurm_dir"; [ -z "$swift_dir" ] || tools/swift.sh stop "$swift_dir"
             [ -z "$azurite_dir" ] || tools/azurite.sh stop "$azurite_dir"; kill -- -$package 2>/dev/null || true; }
 trap cleanup EXIT
+echo "== services, installed and started in the background while the site is built (stopped and removed whatever the outcome):"
+echo "   Chromium for the site's check; SLURM, a one-node cluster for the tests of srun and requeue; OpenStack Swift with its S3 API"
+echo "   and Azure's emulator azurite, on 127.0.0.1, for the tests of checkpoints in a bucket"
+slurm_dir=$(mktemp -d /tmp/ddp_safe_slurm.XXXXXX); swift_dir=$(mktemp -d /tmp/ddp_safe_swift.XXXXXX); azurite_dir=$(mktemp -d /tmp/ddp_safe_azurite.XXXXXX)
+services_log=$(mktemp /tmp/ddp_safe_services.XXXXXX); azurite_log=$(mktemp /tmp/ddp_safe_azurite_start.XXXXXX)
+# one after the other: Chromium's, SLURM's and Swift's packages come from apt, which installs one thing at a time
+( set -e; command -v "${CHROMIUM:-chromium}" || { apt-get update -qq && apt-get install -y -qq chromium; }  # CHROMIUM: another build (GitHub: google-chrome)
+  tools/slurm.sh start "$slurm_dir"; tools/swift.sh start "$swift_dir" ) > "$services_log" 2>&1 & services=$!
+tools/azurite.sh start "$azurite_dir" > "$azurite_log" 2>&1 & azurite_start=$!
 echo "== dev: notebooks run and rendered with their outputs (the documentation site, _docs/)"
 tools/docs.sh
+echo "== services: started"
+if wait $services; then cat "$services_log"; else cat "$services_log"; echo "FAILED: Chromium, SLURM or Swift"; exit 1; fi
+if wait $azurite_start; then cat "$azurite_log"; else cat "$azurite_log"; echo "FAILED: azurite"; exit 1; fi
+export SLURM_CONF=$slurm_dir/slurm.conf DDP_SAFE_SWIFT_DIR=$swift_dir DDP_SAFE_AZURITE_DIR=$azurite_dir
 echo "== dev: the site in headless Chromium: links, anchors and images resolve, search lands on an entry, 375 px layout"
-command -v "${CHROMIUM:-chromium}" || { apt-get update -qq && apt-get install -y -qq chromium; }  # CHROMIUM: another build (GitHub: google-chrome)
 .venv-dev/bin/python tools/browser_check.py
 echo "== dev: fastai 2.8.7 pinned: drop-in behaviour, the table of changes, the census of writers"
 (cd tests && ../.venv-dev/bin/python -m pytest "${pytest_args[@]}" test_learner_dropin.py test_changes.py)
-echo "== SLURM: a one-node cluster for the tests of srun and requeue (stopped and removed whatever the outcome)"
-slurm_dir=$(mktemp -d /tmp/ddp_safe_slurm.XXXXXX)
-tools/slurm.sh start "$slurm_dir"
-export SLURM_CONF=$slurm_dir/slurm.conf
-echo "== object storage: OpenStack Swift with its S3 API, and Azure's emulator azurite, on 127.0.0.1, for the tests of checkpoints in a bucket (stopped and removed whatever the outcome)"
-swift_dir=$(mktemp -d /tmp/ddp_safe_swift.XXXXXX); azurite_dir=$(mktemp -d /tmp/ddp_safe_azurite.XXXXXX)
-tools/swift.sh start "$swift_dir"
-tools/azurite.sh start "$azurite_dir"
-export DDP_SAFE_SWIFT_DIR=$swift_dir DDP_SAFE_AZURITE_DIR=$azurite_dir
 echo "== latest: behavioural tests, their ranks on the CPU (a GPU is hidden from them: two ranks of one GPU would get an nccl group, which NCCL refuses)"
 (cd tests && CUDA_VISIBLE_DEVICES= ../.venv-latest/bin/python -m pytest "${pytest_args[@]}" -n 2 --dist loadgroup --ignore=test_cuda.py)
 echo "== latest: the nccl and CUDA paths (skipped without a GPU)"
