@@ -159,8 +159,7 @@ class BackgroundUploads:
                  f"the uploads go on trying for up to {self.timeout:g}s")
 
     def _why(self, e, after=''):
-        return (f"upload to {self.url} (endpoint {self.endpoint}) failed{', ' + after if after else ''}: "
-                f"{describe(e).splitlines()[0]}; what was saved is kept in {self.local}, and the bucket keeps what it had")
+        return upload_failure(self.url, self.endpoint, e, after) + f"; what was saved is kept in {self.local}, and the bucket keeps what it had"
 
     def _fail(self, e):
         with self.idle: self.failure,self.pending,self.sending = str(e),[],[]; self.idle.notify_all()

@@ -12,7 +12,7 @@ from fastcore.meta import delegates
 from .core import *
 from .files import *
 from .written import *
-from .transport import RemoteFiles, will_not_pass
+from .transport import RemoteFiles, will_not_pass, upload_failure
 from .matching import *
 from .background import *
 from .directories import *
@@ -73,8 +73,8 @@ def and_upload(write, # writes the file's content to the path it is given
         try: remote.put(tmp, failed=failed)
         except CheckpointError as e:
             if will_not_pass(e): raise
-            raise CheckpointError(f"upload to {url} (endpoint {remote.endpoint}) failed, still after {upload_timeout:g}s (upload_timeout): "
-                                  f"{describe(e.__cause__).splitlines()[0]}; the bucket keeps what it had") from e
+            raise CheckpointError(upload_failure(url, remote.endpoint, e.__cause__, f"still after {upload_timeout:g}s (upload_timeout)")
+                                  + "; the bucket keeps what it had") from e
         if behind_since: say(f"{url} has caught up: uploaded after {time.monotonic()-behind_since[0]:.0f}s behind")
     return write_and_upload
 

@@ -14,7 +14,7 @@ from .ranks import distrib_timeout
 from .files import atomic_write
 
 # %% auto #0
-__all__ = ['will_not_pass', 'retrying', 'RemoteFiles', 'upload_file', 'download_file']
+__all__ = ['will_not_pass', 'retrying', 'RemoteFiles', 'upload_file', 'upload_failure', 'download_file']
 
 # %% ../nbs/08_transport.ipynb #2578723a
 # fsspec's backends raise OSErrors for most failures; Azure's SDK raises its own, with the HTTP status
@@ -160,6 +160,14 @@ def upload_file(file, # a local file
                 storage_options=None): # the fsspec file system's options
     "Upload `file` to `url` whole (an object is seen whole or not at all), with retries; `CheckpointError` if it cannot be"
     RemoteFiles(url, storage_options).put(file)
+
+# %% ../nbs/08_transport.ipynb #451cba11
+def upload_failure(url, # where the upload went
+                   endpoint, # the store's endpoint (`RemoteFiles.endpoint`)
+                   e, # the failure
+                   after=''): # how long it was tried, if it was: `still after 30s (upload_timeout)`
+    "The words of a failed upload to `url`, naming its endpoint"
+    return f"upload to {url} (endpoint {endpoint}) failed{', ' + after if after else ''}: {describe(e).splitlines()[0]}"
 
 # %% ../nbs/08_transport.ipynb #57c12c28
 def download_file(url, # the file: `s3://bucket/key`, any fsspec URL
