@@ -52,6 +52,12 @@ def _collect(outdir, nproc, timeout, stalled, log=''):
         raise RanksStalled(f"rank(s) {missing} {why}; rank(s) {sorted(done)} finished. {done}\n{log[-3000:]}")
     return [done[r] for r in range(nproc)]
 
+# %% ../nbs/55_launch.ipynb #a4712c35
+def _join_group(**kwargs):
+    "`init_process_group('gloo', **kwargs)` with the tests' timeout, then a barrier: no rank leaves before every rank's connections are made"
+    dist.init_process_group('gloo', timeout=timedelta(seconds=120), **kwargs)
+    dist.barrier()
+
 # %% ../nbs/55_launch.ipynb #8c20b34a
 _launcher_env = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'LOCAL_WORLD_SIZE', 'GROUP_RANK', 'MASTER_ADDR', 'MASTER_PORT')
 
@@ -60,8 +66,7 @@ def _spawned(rank, f, args, nproc, port, outdir, env):
     for k in _launcher_env: os.environ.pop(k, None)
     os.environ.update(env)
     torch.set_num_threads(int(os.environ.get('OMP_NUM_THREADS', 1))) # as torchrun does: ranks share the cores
-    dist.init_process_group('gloo', init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nproc,
-                            timeout=timedelta(seconds=120))
+    _join_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=nproc)
     try: _record(outdir, rank, f, *args)
     finally:
         try: dist.destroy_process_group()
@@ -158,7 +163,7 @@ def _torchrun_main(call):
     mod,name,args,init = pickle.loads(Path(call).read_bytes())
     f = importlib.import_module(mod)
     for n in name.split('.'): f = getattr(f, n)
-    if init: dist.init_process_group('gloo', timeout=timedelta(seconds=120))
+    if init: _join_group()
     # this file runs as `__main__` here: record through the module, so that `Outcome` unpickles in the parent;
     # a `launcher` of plain Python (`[sys.executable]`) starts one process with no rank: it is rank 0
     o = importlib.import_module('ddp_safe_fastai.launch')._record(Path(call).parent, int(os.environ.get('RANK', 0)), f, *args)
@@ -190,9 +195,8 @@ def _run_job(job, spec, rank, world, torchrun):
     if torchrun: os.environ['MASTER_PORT'] = str(port)  # the store of this function's processes, outside them, as the agent's is
     f = importlib.import_module(mod)
     for a in name.split('.'): f = getattr(f, a)
-    t = timedelta(seconds=120)
-    if torchrun and init: dist.init_process_group('gloo', timeout=t)
-    elif not torchrun: dist.init_process_group('gloo', init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, timeout=t)
+    if torchrun and init: _join_group()
+    elif not torchrun: _join_group(init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     importlib.import_module('ddp_safe_fastai.launch')._record(job, rank, f, *args)
     if dist.is_initialized(): dist.destroy_process_group()
     # a rank's exit: its threads joined (background writes end), its exit hooks run; not the teardown of every module

@@ -1,6 +1,6 @@
 """A user's training script with memory checkpoints: dropout, random noise on the inputs, one-cycle, a durable checkpoint
 every epoch. torchrun ... ROOT MEMORY_EVERY [EPOCHS]. KILL_AT=N KILL_RANK=R: in torchrun's first attempt, rank R is
-SIGKILLed as training batch N starts (KILL_RANK=all: every rank). Each rank logs the training batches it starts
+SIGKILLed as training batch N starts (KILL_RANK=all: every rank, once the last epoch's checkpoint is written). Each rank logs the training batches it starts
 (`batches<rank>.txt`: attempt, batch, time). WIDTH=W: the hidden layer's width (default 32). ASYNC=0: `async_save=False`"""
 import os, sys, json, time, signal, hashlib, resource
 from pathlib import Path
@@ -23,6 +23,7 @@ class LogAndKill(Callback):
         if not self.training: return
         self.log.write(f"{attempt} {self.train_iter} {time.time()}\n"); self.log.flush()
         if attempt == 0 and self.train_iter == int(os.environ.get('KILL_AT', -1)) and os.environ.get('KILL_RANK', '0') in ('all', str(rank_distrib())):
+            if os.environ['KILL_RANK'] == 'all' and ckpt.saving: ckpt.saving.wait()  # the last epoch's checkpoint is whole on disk, however slow the machine
             os.kill(os.getpid(), signal.SIGKILL)
 
 root,every,epochs = Path(sys.argv[1]),int(sys.argv[2]),int((sys.argv[3:] or [3])[0])

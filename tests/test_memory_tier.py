@@ -61,6 +61,7 @@ def killed(tmp_path_factory):
     root = tmp_path_factory.mktemp('killed')/'run'
     assert torchrun(root, KILL_AT='43', KILL_RANK='all') != 0
     assert MemoryCheckpoints((root/'models/ckpt').absolute()).latest()[0] == 'epoch_0001_iter_000008'
+    assert (root/'models/ckpt/latest').read_text().strip() == 'epoch_0001', log(root)[-3000:]
     aside = root.parent/'aside'
     shutil.copytree(root, aside/'run'); shutil.copytree(memory(root), aside/'memory')
     yield root, aside
