@@ -361,6 +361,8 @@ def check_dir(path, # the directory a run will write its checkpoints to
         dist.init_process_group('gloo')
         try: return _probe_dir(path)
         finally: dist.destroy_process_group()
+    try: os.scandir(path).close()  # the local ranks see this machine's disk: a path that is no directory is said at once
+    except OSError as e: raise CheckpointError(f"checking {path}: {describe(e)}") from None
     outs = spawn_ranks(_probe_dir, str(path), nproc=nproc, timeout=distrib_timeout() + 120)
     bad = [o for o in outs if not o.ok]
     if bad: raise CheckpointError(f"checking {path}: " + '; '.join(map(repr, bad)))

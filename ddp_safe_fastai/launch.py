@@ -206,7 +206,7 @@ def _run_job(job, spec, rank, world, torchrun):
 
 # %% ../nbs/55_launch.ipynb #9110d975
 def _pool_main(call):
-    "Entry point of a rank of a `RankPool` that torchrun started"
+    "Entry point of a rank of a `RankPool` that torchrun (or `accelerate launch`) started"
     pool,warm = pickle.loads(Path(call).read_bytes())
     rank,world = int(os.environ['RANK']),int(os.environ['WORLD_SIZE'])
     _run_job(*_serve(pool, rank, warm), rank, world, torchrun=True)
@@ -220,31 +220,31 @@ def _pool_spawned(rank, pool, warm, world):
 
 # %% ../nbs/55_launch.ipynb #c5a3cdcc
 class RankPool:
-    "`nproc` ranks started once by `launcher` ('torchrun' or 'spawn'), each forking a process of its own for every function it runs"
-    def __init__(self, launcher='torchrun', # 'torchrun', or 'spawn' (`torch.multiprocessing.spawn`, no launcher environment)
+    "`nproc` ranks started once by `launcher` (torchrun, `accelerate launch`, or 'spawn'), each forking a process of its own for every function it runs"
+    def __init__(self, launcher='torchrun', # 'torchrun'; 'spawn' (`torch.multiprocessing.spawn`, no launcher environment); or a command that starts `nproc` ranks as torchrun does (`accelerate launch ...`), the script left out
                  nproc=2, # how many ranks
                  warm=('ddp_safe_fastai.all',), # modules the ranks import once, before any function
                  env=None): # extra environment variables of the ranks
-        self.launcher,self.nproc,self.n = launcher,nproc,0
+        self.launcher,self.nproc,self.n = launcher if isinstance(launcher, str) else Path(launcher[0]).name,nproc,0
         self.dir = Path(tempfile.mkdtemp(prefix='ddp_safe_pool.'))
         call = self.dir/'pool.pickle'; call.write_bytes(pickle.dumps((str(self.dir), list(warm))))
         env = {**os.environ, 'PYTHONPATH': os.pathsep.join(sys.path), **(env or {})}
-        if launcher == 'torchrun':
+        if launcher == 'spawn': self.spawned = mp.start_processes(_pool_spawned, args=(str(self.dir), list(warm), nproc), nprocs=nproc, join=False, start_method='spawn')
+        else:
             self.log = open(self.dir/'agent.log', 'w')
-            self.agent = subprocess.Popen([*_torchrun_cmd(nproc, 1, free_port()), '-m', 'ddp_safe_fastai.launch', str(call)], env=env,
-                                          stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        else: self.spawned = mp.start_processes(_pool_spawned, args=(str(self.dir), list(warm), nproc), nprocs=nproc, join=False, start_method='spawn')
+            self.agent = subprocess.Popen([*(_torchrun_cmd(nproc, 1, free_port()) if launcher == 'torchrun' else launcher), '-m', 'ddp_safe_fastai.launch', str(call)],
+                                          env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
 
     def run(self, f, # a module-level function, run on every rank
             *args, # its arguments (picklable)
             timeout=60, # seconds before the processes still running are killed and named
-            init=True, # torchrun: make the gloo process group before calling `f` (spawn: always)
+            init=True, # make the gloo process group before calling `f` (spawn: always)
             env=None, # extra environment variables for this function's processes
             kill_when=None): # a function polled while they run: when it returns True, SIGKILL them all
         "Run `f(*args)` on the pool's ranks; one `Outcome` per rank (None if `kill_when` fired)"
         self.n += 1
         job = self.dir/f'job{self.n}'; job.mkdir()
-        store = dist.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout+60)) if self.launcher == 'torchrun' else None
+        store = dist.TCPStore('127.0.0.1', 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout+60)) if self.launcher != 'spawn' else None
         (job/'spec.tmp').write_bytes(pickle.dumps((_module_of(f), f.__qualname__, args, init, env or {}, store.port if store else free_port(), sys.path)))
         (job/'spec.tmp').rename(job/'spec.pickle')
         deadline = time.monotonic() + timeout
@@ -265,16 +265,16 @@ class RankPool:
 
     def ended_ranks(self):
         "None while every rank of the pool runs; else which ended, in words (a pool whose ranks ended runs nothing more)"
-        if self.launcher == 'torchrun':
+        if self.launcher != 'spawn':
             if self.agent.poll() is None: return None
-            return f"torchrun's agent ended (exit {self.agent.returncode}): {(self.dir/'agent.log').read_text(errors='replace')[-2000:]}"
+            return f"{self.launcher}'s agent ended (exit {self.agent.returncode}): {(self.dir/'agent.log').read_text(errors='replace')[-2000:]}"
         ended = {r: p.exitcode for r,p in enumerate(self.spawned.processes) if not p.is_alive()}
         return f"its rank(s) ended, with these exit codes: {ended}" if ended else None
 
     def close(self):
         "Stop the pool's ranks (killed if they have not within 30 s), and remove its folder"
         (self.dir/'stop').touch()
-        if self.launcher == 'torchrun':
+        if self.launcher != 'spawn':
             try: self.agent.wait(30)
             except subprocess.TimeoutExpired: kill_tree(self.agent.pid)
             self.log.close()

@@ -11,10 +11,11 @@ _pools = {}  # (launcher, nproc) -> this session's `RankPool`, started at its fi
 _pooled = (2, 3)  # the world sizes most tests use; the others start ranks afresh
 
 def pool(launcher, nproc=2):
-    "This session's pool of `nproc` ranks started by `launcher` ('torchrun' or 'spawn'); started again if its ranks ended (`RankPool.run` raised it)"
+    "This session's pool of `nproc` ranks started by `launcher` ('torchrun', 'accelerate' or 'spawn'); started again if its ranks ended (`RankPool.run` raised it)"
     if (launcher,nproc) in _pools and _pools[launcher,nproc].ended_ranks(): _pools.pop((launcher,nproc)).close()
     if (launcher,nproc) not in _pools:
-        _pools[launcher,nproc] = RankPool(launcher, nproc, warm=('ddp_safe_fastai.all', 'ddp_safe_fastai.testing', 'fastai.basics'))
+        _pools[launcher,nproc] = RankPool(accelerate_cmd(nproc) if launcher == 'accelerate' else launcher, nproc,
+                                          warm=('ddp_safe_fastai.all', 'ddp_safe_fastai.testing', 'fastai.basics'))
     return _pools[launcher,nproc]
 
 def ranks(f, *args, nproc=2, timeout=120, init=True, env=None, kill_when=None):
@@ -37,10 +38,24 @@ def launch(request):
     run.name = request.param
     return run
 
-def accelerate_cmd():
-    "`accelerate launch` of 2 CPU processes on this machine, on a free port"
-    return [shutil.which('accelerate', path=str(Path(sys.executable).parent)), 'launch', '--multi_gpu', '--num_processes', '2',
+def accelerate_cmd(nproc=2):
+    "`accelerate launch` of `nproc` CPU processes on this machine, on a free port"
+    return [shutil.which('accelerate', path=str(Path(sys.executable).parent)), 'launch', '--multi_gpu', '--num_processes', str(nproc),
             '--num_machines', '1', '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port())]
+
+@pytest.fixture(scope='session')
+def once(tmp_path_factory, worker_id):
+    """`once(name, make)`: what `make()` returns (JSON), made by whichever of pytest-xdist's workers asks first, the others
+    waiting for it: a module fixture of a module whose tests run on both workers is otherwise made on each"""
+    import json
+    from filelock import FileLock
+    shared = tmp_path_factory.getbasetemp() if worker_id == 'master' else tmp_path_factory.getbasetemp().parent
+    def get(name, make):
+        f = shared/f"{name}.json"
+        with FileLock(f"{f}.lock"):
+            if not f.is_file(): f.write_text(json.dumps(make()))
+            return json.loads(f.read_text())
+    return get
 
 def values(outcomes):
     "The value of every rank, failing with every rank's error if any rank raised"

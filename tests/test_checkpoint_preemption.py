@@ -36,12 +36,15 @@ def resumed_to_the_end(root, resumed_from, uninterrupted):
     assert res[0]['resumed_from'] == resumed_from and res[0]['sha'] == res[1]['sha'] == uninterrupted
 
 @pytest.fixture(scope='module')
-def uninterrupted(tmp_path_factory):
-    root = tmp_path_factory.mktemp('full')/'run'
-    assert finish(torchrun(root)) == 0
-    res = results(root)
-    assert res[0]['sha'] == res[1]['sha'] and res[0]['resumed_from'] is None
-    return res[0]['sha']
+def uninterrupted(tmp_path_factory, once):
+    "The weights of the run never stopped (made once for both workers)"
+    def run():
+        root = tmp_path_factory.mktemp('full')/'run'
+        assert finish(torchrun(root)) == 0
+        res = results(root)
+        assert res[0]['sha'] == res[1]['sha'] and res[0]['resumed_from'] is None
+        return res[0]['sha']
+    return once('checkpoint_preemption.uninterrupted', run)
 
 def _started(root):
     return lambda: (root/'models/ckpt/latest').is_file()

@@ -13,10 +13,13 @@ def _run(root, kill_when=None, hold_third_write=False):
                  init=False, timeout=300, kill_when=kill_when)
 
 @pytest.fixture(scope='module')
-def uninterrupted(tmp_path_factory):
-    res = values(_run(tmp_path_factory.mktemp('full')))
-    assert res[0]['sha'] == res[1]['sha'] and res[0]['resumed_from'] is None and res[0]['epochs'] == 4
-    return res[0]['sha']
+def uninterrupted(tmp_path_factory, once):
+    "The weights of the run never killed (made once for both workers)"
+    def run():
+        res = values(_run(tmp_path_factory.mktemp('full')))
+        assert res[0]['sha'] == res[1]['sha'] and res[0]['resumed_from'] is None and res[0]['epochs'] == 4
+        return res[0]['sha']
+    return once('checkpoint_resume.uninterrupted', run)
 
 def _after_second_checkpoint(root, frac):
     "True `frac` epochs after the second checkpoint is complete (an epoch timed between the first two checkpoints)"

@@ -3,15 +3,12 @@ folders, TensorBoard), on 2 CPU ranks started by torchrun, `accelerate launch` o
 import importlib
 import pytest
 import writers_scenarios as w
-from conftest import values, accelerate_cmd, torchvision_imports, ranks, pool
-from ddp_safe_fastai.launch import torchrun_ranks
+from conftest import values, torchvision_imports, ranks, pool
 
 @pytest.fixture(params=['torchrun', 'accelerate', 'spawn'])
 def run(request):
-    "A scenario on 2 ranks started by torchrun, `accelerate launch` or `torch.multiprocessing.spawn` (the first and the last from the session's pools)"
-    def run(f, *args, timeout=180):
-        if request.param == 'accelerate': return values(torchrun_ranks(f, *args, init=False, launcher=accelerate_cmd(), timeout=timeout))
-        return values(pool(request.param, 2).run(f, *args, init=False, timeout=timeout))
+    "A scenario on 2 ranks started by torchrun, `accelerate launch` or `torch.multiprocessing.spawn` (from the session's pools)"
+    def run(f, *args, timeout=180): return values(pool(request.param, 2).run(f, *args, init=False, timeout=timeout))
     return run
 
 def test_lr_find(run, tmp_path):
