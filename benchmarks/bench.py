@@ -8,7 +8,8 @@ from fastai.basics import *
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.persist import flush_saves, wait_for_copies
 from ddp_safe_fastai.learner import step_tensors, save_learner
-from ddp_safe_fastai.testing import synth_learner, torchrun_ranks
+from ddp_safe_fastai.testing import synth_learner
+from ddp_safe_fastai.launch import torchrun_ranks
 
 MB = 2**20
 

@@ -13,7 +13,8 @@ from fastai.basics import *
 from fastai.callback.all import *
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.train_state import callback_state
-from ddp_safe_fastai.testing import synth_learner, torchrun_ranks
+from ddp_safe_fastai.testing import synth_learner
+from ddp_safe_fastai.launch import torchrun_ranks
 
 class Jitter(Callback):
     "Random augmentation: noise on every training batch, from this rank's torch RNG"

@@ -5,19 +5,19 @@
 # %% ../nbs/11_background.ipynb #bff5c018
 from __future__ import annotations
 import os, sys, threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, TimeoutError as FuturesTimeout
 from contextlib import suppress
-from functools import partial
 from pathlib import Path
 import torch
-from .errors import *
+from .errors import CheckpointError, describe, DistributedTimeoutError
+from .ranks import rank_distrib
 from .rendezvous import is_main_process
 from .files import wait_for_closes
 from .matching import wait_for_writer, writer_done
 
 # %% auto #0
-__all__ = ['background_saves', 'tensors_in', 'StagedState', 'SaveHandle', 'BackgroundSaves', 'host_copy', 'wait_for_copies',
-           'stage_for_save', 'flush_saves']
+__all__ = ['background_saves', 'tensors_in', 'StagedState', 'SaveHandle', 'WriterOutcome', 'BackgroundSaves', 'host_copy',
+           'wait_for_copies', 'stage_for_save', 'flush_saves']
 
 # %% ../nbs/11_background.ipynb #775f7426
 _lowest_priority = 19  # the highest `nice` value: the CPU goes to any other thread first
@@ -40,7 +40,7 @@ def _copy_pairs(pairs):
 
 # %% ../nbs/11_background.ipynb #d26005ab
 class StagedState:
-    "A state copied into host memory for one background save: what the write writes (`obj`), the copies still running, the host memory it holds"
+    "A state copied into host memory for one background save: what the write writes (`obj`), a future of the copies still running (`copies`), the host memory it holds"
     def __init__(self, obj, copies=None, tensors=()): self.obj,self.copies,self.tensors = obj,copies,list(tensors)
     def wait(self):
         "Wait for the copies still running: then the training may change the tensors they read"
@@ -48,37 +48,67 @@ class StagedState:
     def done(self): return self.copies is None or self.copies.done()
 
 # %% ../nbs/11_background.ipynb #887d814a
-class SaveHandle:
-    "One background save, as a rank sees it: its staging (`staged`), the writer's future (`writing`, on the main process), its outcome (`done()`, `wait()`, `exception()`: on every rank, or on none); a path to its file"
+class SaveHandle(Future):
+    "One background save as the rank that made it sees it: a `Future` of its file, `result(timeout)` the file once written or its `CheckpointError` (on every rank, or on none); `staged`, its state in host memory (on the main process); a path to its file"
     def __init__(self, file, # the file the save writes
-                 outcome, # outcome(timeout): None, or why the main process's write failed; waits for it
-                 ready, # ready(): is the outcome known, without waiting?
-                 staged=None, # the `StagedState` it writes (on the main process)
-                 writing=None): # the future of its write (on the main process)
-        self.file,self._outcome,self._ready,self._failure,self.reported = Path(file),outcome,ready,None,False
-        self.staged,self.writing = staged,writing
+                 staged=None): # the `StagedState` it writes (on the main process)
+        super().__init__()
+        self.file,self.staged,self.reported = Path(file),staged,False
 
     def wait_staged(self):
         "Wait until the save's state is in host memory: the training may then change the tensors"
         if self.staged is not None: self.staged.wait()
 
-    def done(self):
-        "Is the save's outcome known (written, or failed)? It never raises: `wait` does"
-        try: return self.reported or self._ready()
-        except CheckpointError: return True  # the outcome is known: a failure, which `wait` raises
+    def outcome_of(self, writing): # the future of the main process's write
+        "Take the outcome of the write `writing`, once it is done: the file, or the `CheckpointError` it raised"
+        def take(f):
+            if (e := f.exception()) is None: self.set_result(self.file)
+            else: self.set_exception(e if isinstance(e, CheckpointError) else CheckpointError(f"could not write {self.file}: {describe(e)}"))
+        writing.add_done_callback(take)
+        return self
 
-    def exception(self, timeout=None): # seconds to wait for the main process (default: `DDP_SAFE_TIMEOUT`)
+    def settle(self, timeout=None): # seconds to wait (default: until it is done)
+        "Wait for the outcome, up to `timeout` seconds; `DistributedTimeoutError` if it is not known by then"
+        try: super().exception(timeout)
+        except FuturesTimeout:
+            raise DistributedTimeoutError(f"save {self.file}: not written within {timeout:g}s (raised on rank {rank_distrib()})") from None
+
+    def exception(self, timeout=None): # seconds to wait for the write
         "The `CheckpointError` the save ended with, or None, once it ended (a timeout or a store that does not answer is raised)"
-        if not self.reported: self._failure,self.reported = self._outcome(timeout),True
-        return CheckpointError(self._failure) if self._failure else None
+        self.settle(timeout); self.reported = True
+        return super().exception(0)
 
-    def wait(self, timeout=None): # seconds to wait for the main process (default: `DDP_SAFE_TIMEOUT`)
-        "Wait for the save: its file, or its `CheckpointError` raised (on every rank that waits)"
-        if (e := self.exception(timeout)): raise e
-        return self.file
+    def result(self, timeout=None): # seconds to wait for the write
+        "The save's file once written; its `CheckpointError` raised, or a timeout's"
+        self.settle(timeout); self.reported = True
+        return super().result(0)
 
+    def wait(self, timeout=None): return self.result(timeout)  # the name the callbacks and earlier releases use
     def __fspath__(self): return str(self.file)
     def __repr__(self): return f"{type(self).__name__}({str(self.file)!r})"
+
+# %% ../nbs/11_background.ipynb #887d814b
+class WriterOutcome(SaveHandle):
+    "A background save as a rank that does not write sees it: its outcome comes through the store when the main process has it (`matching.wait_for_writer`)"
+    def __init__(self, file, # the file the main process writes
+                 match): # what names its save: `(prefix, name, file, point, call site, count)`
+        super().__init__(file); self.match = match
+
+    def settle(self, timeout=None): # seconds to wait for the main process (default: `DDP_SAFE_TIMEOUT`)
+        "Take the main process's outcome from the store, waiting up to `timeout`: a timeout or a store that does not answer is raised"
+        if super().done(): return
+        failure = wait_for_writer(*self.match, timeout)  # the writer's verdict, in words: it crosses ranks
+        if super().done(): return  # settled meanwhile, by another thread
+        if failure: self.set_exception(CheckpointError(failure))
+        else: self.set_result(self.file)
+
+    def done(self):
+        "Is the outcome known (written, or failed)? It asks the store, and never raises"
+        if not super().done():
+            try:
+                if writer_done(*self.match): self.settle()
+            except CheckpointError: return False  # the store is gone: `result` says so
+        return super().done()
 
 # %% ../nbs/11_background.ipynb #2e282c24
 class BackgroundSaves:
@@ -121,19 +151,19 @@ class BackgroundSaves:
         for h in list(self.in_flight): h.wait_staged()
 
     def write(self, file, # what the job writes, for the handle
-              job, # the main process's work: returns None, or why it failed
+              job, # the main process's work: raises `CheckpointError` if it fails
               staged=None): # the `StagedState` the job writes: it runs once its copies are done, and its memory is spare after
         "Write, on the main process: `job()` in the writer's thread; a `SaveHandle` of it"
         def run():
             if staged is not None: staged.wait()
             return job()
-        fut = self.writer.submit(run)
-        if staged is not None: fut.add_done_callback(lambda _: self.give_back(staged.tensors))
-        return self._add(SaveHandle(file, lambda timeout: fut.result(), fut.done, staged, fut))
+        writing = self.writer.submit(run)
+        if staged is not None: writing.add_done_callback(lambda _: self.give_back(staged.tensors))
+        return self._add(SaveHandle(file, staged).outcome_of(writing))
 
     def expect(self, file, match):
         "Write, on a rank that does not: the main process's save that `match` names, whose outcome comes through the store"
-        return self._add(SaveHandle(file, partial(wait_for_writer, *match), partial(writer_done, *match)))
+        return self._add(WriterOutcome(file, match))
 
     def _add(self, handle):
         self.in_flight = [h for h in self.in_flight if not h.reported]  # those their callers waited on are done with
@@ -151,7 +181,7 @@ class BackgroundSaves:
         file = None if file is None else Path(file).absolute()
         for h in [h for h in self.in_flight if file is None or h.file == file]:
             self.in_flight.remove(h)
-            if not h.reported: h.wait(timeout)
+            if not h.reported: h.result(timeout)
         # one at a time, like the writes: the next save does not race the freeing of the last one's blocks
         if not self.in_flight: wait_for_closes()
 

@@ -5,27 +5,30 @@
 # %% ../nbs/47_callback.ipynb #70cb00b9
 from __future__ import annotations
 import warnings
+from functools import partial
 from pathlib import Path
 from fastcore.basics import *
+from .errors import CheckpointError
+from .ranks import check_scope, rank_distrib, say_on_rank0
+from .rendezvous import is_main_process
+from .core import broadcast_object, raise_any_failure
 from .fastai_imports import fastai_defaults_kept
+from .background import SaveHandle
+from .persist import check_not_replaced
+from .storage import file_place
+from .object_store import BackgroundUploads, CallbackStorage, finish_uploads
+from .learner import model_file, save_learner
 from .patches import *  # every change to fastai, applied before a callback runs
 with fastai_defaults_kept(): from fastai.callback.tracker import SaveModelCallback, TrackerCallback
-from .core import *
-from .persist import check_not_replaced, SaveHandle
-from .learner import save_learner, model_file
-from .storage import destination
-from .transport import download_file, upload_file
-from .object_store import SecretStorageOptions, BackgroundUploads, finish_uploads
 
 # %% auto #0
 __all__ = ['SafeSaveModelCallback']
 
 # %% ../nbs/47_callback.ipynb #501d9904
-def _say(msg):
-    if rank_distrib() == 0: print(f"SafeSaveModelCallback: {msg}", flush=True)
+_say = partial(say_on_rank0, 'SafeSaveModelCallback')  # what the callback tells the user, once
 
 # %% ../nbs/47_callback.ipynb #5b422749
-class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
+class SafeSaveModelCallback(CallbackStorage, SaveModelCallback):
     "A `SaveModelCallback` that is correct under DDP: one decision, one writer, a reload of this fit's file only"
     def __init__(self, 
         monitor='valid_loss', # value (usually loss or metric) being monitored.
@@ -38,24 +41,28 @@ class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
         reset_on_fit=True, # before model fitting, reset value being monitored to -infinity (if monitor is metric) or +infinity (if monitor is loss).
         scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
         async_save=True, # write in the background: training waits only for a copy in host memory
-        upload_timeout=1800, # with a URL `fname`: seconds the bucket may stay behind (an outage) before every rank raises; the fit's end waits for it this long
+        upload_timeout=1800, # with a URL `fname` or a `storage`: seconds the bucket may stay behind (an outage) before every rank raises; the fit's end waits for it this long
         storage_options=None, # with a URL `fname`: the fsspec file system's options (endpoint, credentials); never pickled
+        storage=None, # a `CheckpointStorage` to keep the model in as `fname`.pth, instead of a URL `fname`; never pickled
     ):
         super().__init__(monitor, comp, min_delta, fname, every_epoch, at_end, with_opt, reset_on_fit)
         check_scope(scope)
         store_attr('scope,async_save,upload_timeout')
         self.saving,self.uploads,self.to_upload = [],None,[]  # the handles of its saves in the background, which it waits on; rank 0's uploads, and the saves not yet handed to them
-        # with a URL, the model is saved under a local name and uploaded; the end-of-fit reload reads the local copy
-        local,self.url = destination(fname, '.')
-        self.fname,self.storage_options = str(local),storage_options
+        # with a URL or a store's storage, the model is saved under a local name and uploaded; the end-of-fit reload reads the local copy
+        self.what = f"SafeSaveModelCallback({'storage=' + repr(storage) if storage is not None else 'fname=' + repr(fname)})"
+        local,where,self.stem = file_place(fname, '.', storage)
+        self.fname = str(local)
+        self.use_storage(where, storage if where else None, storage_options)
 
     def before_fit(self):
         "Prepare the monitored value; nothing is saved in this fit yet; with a URL, check that the store can be written"
         super().before_fit()
         self._wait_for_saves()  # a fit that raised may have left one writing
-        if self.url:
-            self.check_store(f"SafeSaveModelCallback(fname={self.url!r})")
-            if rank_distrib() == 0: self.uploads = BackgroundUploads(self._upload, self.url, self.store.endpoint, Path(self.learn.path)/self.learn.model_dir, None, self.upload_timeout, _say)
+        if self.where:
+            self.check_storage(self.what)
+            if rank_distrib() == 0: self.uploads = BackgroundUploads(self._upload, self.storage, Path(self.learn.path)/self.learn.model_dir,
+                                                                     None, self.upload_timeout, _say, f"{self.where}/{self.stem}")
         self.saved_in_fit,self.epochs_seen,self.to_upload = None,0,[]
 
     def _save(self, name):
@@ -66,8 +73,8 @@ class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
         self.last_saved_path = self.saved_in_fit = Path(saved)  # a background save's handle is a path to its file
 
     def _upload(self, name, also=()):
-        "Upload the saved model `name` to its URL (`every_epoch` adds `_{epoch}` to both)"
-        upload_file(model_file(self.learn, name), self.url + name[len(self.fname):] + '.pth', self.storage_options)
+        "Upload the saved model `name` to its storage (`every_epoch` adds `_{epoch}` to both names)"
+        self.storage.put_file(model_file(self.learn, name), self.stem + name[len(self.fname):] + '.pth')
 
     def _hand_over(self):
         "Rank 0: hand the saves whose write is done, and succeeded, to the uploads (a failed one is raised by its handle's wait)"
@@ -87,8 +94,8 @@ class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
         if self.uploads: self._hand_over()
         if self.every_epoch: return super().after_epoch()
         TrackerCallback.after_epoch(self)
-        self.best,self.new_best,failed = broadcast_object((self.best, self.new_best, self.uploads and self.uploads.failure), what='SafeSaveModelCallback')
-        if failed: raise CheckpointError(f"SafeSaveModelCallback(fname={self.url!r}): {failed}")
+        self.best,self.new_best,failed = broadcast_object((self.best, self.new_best, self.uploads and self.uploads.failure and str(self.uploads.failure)), what='SafeSaveModelCallback')
+        if failed: raise CheckpointError(f"{self.what}: {failed}")
         if self.new_best:
             if rank_distrib() == 0: print(f'Better model found at epoch {self.epoch} with {self.monitor} value: {self.best}.')
             self._save(self.fname)
@@ -98,23 +105,23 @@ class SafeSaveModelCallback(SecretStorageOptions, SaveModelCallback):
         if self.at_end: self._save(self.fname)
         self._wait_for_saves()
         if self.uploads: self._hand_over()
-        if self.url: uploads,self.uploads = self.uploads,None; finish_uploads(uploads, f"SafeSaveModelCallback(fname={self.url!r})", self.upload_timeout, _say)
+        if self.where: uploads,self.uploads = self.uploads,None; finish_uploads(uploads, self.what, self.upload_timeout, _say)
         if self.at_end or self.every_epoch: return
         if self.saved_in_fit is None:
             if not self.epochs_seen: return # no epoch ran in this fit (a resumed run had done it): nothing to reload
             return warnings.warn(f"SafeSaveModelCallback: {self.monitor} never improved in this fit, so nothing was "
                                  f"saved; keeping the current weights rather than loading an older '{self.fname}'")
-        if self.url: self._download_best()
+        if self.where: self._download_best()
         check_not_replaced(self.saved_in_fit, self.scope)  # another run writing the same file would be loaded instead
         self.learn.load(self.fname, with_opt=self.with_opt, scope=self.scope)
 
     def _download_best(self):
-        "With a URL: the best model of this fit downloaded where its local copy is missing (a fit resumed on another machine); a failure on every rank"
+        "With a store: the best model of this fit downloaded where its local copy is missing (a fit resumed on another machine); a failure on every rank"
         file,why = model_file(self.learn, self.fname),None
         if is_main_process(self.scope) and not file.exists():
-            try: download_file(f"{self.url}.pth", file, self.storage_options)
+            try: self.storage.get_file(f"{self.stem}.pth", file)
             except CheckpointError as e: why = str(e)
-        raise_failures(exchange(why, 'SafeSaveModelCallback download'), f"SafeSaveModelCallback reload of {self.url}.pth")
+        raise_any_failure(why, 'SafeSaveModelCallback download', f"SafeSaveModelCallback reload of {self.where}/{self.stem}.pth")
 
     def after_fit_raised(self, e):
         "The fit raised: its uploads go on while the process lives, and the callback lets go of them (it may be pickled, `Learner.export`)"

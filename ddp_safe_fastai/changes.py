@@ -39,6 +39,8 @@ fastai_changes = [
            "`SyncBatchNorm` needs CUDA"),
     *_rows('distributed', 'fastai.distributed.DistributedTrainer', '_wrap_dl after_fit', "take the model as accelerate left it, in DDP or not",
            "one process on a GPU: accelerate does not wrap the model, and `model.device` failed in `before_fit`"),
+    *_rows('distributed', 'fastai.distributed.DistributedTrainer', 'after_fit_raised', "added: a fit that raised leaves the model and the DataLoaders as its end does",
+           "the DataLoaders stayed wrapped after a fit that raised inside `distrib_ctx`, and `Learner.export` failed on them"),
     *_rows('distributed', 'fastai.learner.Learner', 'detach_distributed', "removes the `DistributedTrainer` with no distributed run or one process too",
            "with `WORLD_SIZE=1` every `distrib_ctx` added one more, and the DataLoaders stayed wrapped after it"),
     *_rows('distributed', 'fastai.distributed.DistributedDL', '_broadcast', "broadcasts on the backend's device",

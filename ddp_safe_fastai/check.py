@@ -10,15 +10,18 @@ from contextlib import contextmanager, nullcontext, redirect_stdout
 from pathlib import Path
 import torch, torch.distributed as dist
 from fastcore.basics import *
-from .core import *
-from .files import *
-from .persist import *
-from .checkpoint_dir import checkpoints_report, CheckpointDir
-from .storage import destination
-from .object_store import ObjectStoreDir
-from .memory_tier import MemoryCheckpoints, memory_runs
-from .checkpoint_dir import training_position_of
-from .launch import spawn_ranks, RanksStalled
+from .errors import CheckpointError, describe
+from .ranks import distrib_timeout, num_distrib
+from .rendezvous import topology
+from .core import broadcast_object, distrib_barrier, exchange, main_process_first
+from .files import atomic_torch_save, atomic_write, flush_to_disk
+from .directories import dir_is_shared, prepare_dir
+from .reads import load_state
+from .persist import save_state
+from .storage import storage_for
+from .checkpoint_dir import checkpoints_report, StoredCheckpoints, training_position_of
+from .memory_tier import memory_runs, MemoryCheckpoints, read_run_identity
+from .launch import RanksStalled, spawn_ranks
 
 # %% auto #0
 __all__ = ['RACES', 'Idioms', 'Raised', 'Race', 'check_races', 'races_table', 'library_failed', 'check_dir', 'dir_report',
@@ -297,6 +300,8 @@ def _replace_seen_whole(d, n=200):
     distrib_barrier(what='replace check')
     reads = bad = 0
     if _rank() == 0:
+        readers,end = [d/f"replaced.reading.{r}" for r in range(1, num_distrib())],time.monotonic() + distrib_timeout()
+        while not all(r.exists() for r in readers) and time.monotonic() < end: time.sleep(0.001)  # every reader reads as the replaces start
         for i in range(1, n+1): atomic_write(f, lambda p: p.write_bytes(_version(i)), durable=False)
         (d/'replaced.done').touch()
     else:
@@ -304,6 +309,7 @@ def _replace_seen_whole(d, n=200):
             try: b = f.read_bytes()
             except FileNotFoundError: b = b''
             reads += 1; bad += len(b) != len(_version(0)) or b != b[:8] * (len(b) // 8)
+            if reads == 1: (d/f"replaced.reading.{_rank()}").touch()
     return tuple(map(sum, zip(*exchange((reads, bad), 'replace check counts'))))
 
 # %% ../nbs/60_check.ipynb #91ac1d85
@@ -425,20 +431,20 @@ def _memory_report(durable, # the run's durable location: a local directory (abs
 
 # %% ../nbs/60_check.ipynb #0b9085a2
 def _inspect_main(a):
-    local,url = destination(a.path, '.')
-    if url:  # a bucket's checkpoints, as `CheckpointCallback(fname=URL)` uploads them
+    try: storage = storage_for(a.path)  # a local directory, or a store's URL, as `CheckpointCallback(fname=...)` names them
+    except Exception as e: print(f"{a.path}: {describe(e)}"); return 2
+    if storage.local is None:  # a bucket's checkpoints, as `CheckpointCallback(fname=URL)` uploads them
         try:
-            store = ObjectStoreDir(url)
-            if not store.exists(): print(f"{a.path}: nothing there (no such bucket, container or prefix)"); return 2
-            print(store.report())
-            if (mem := _memory_report(url, None, store.latest(), a.memory_dir)): print(mem)
+            if not storage.exists(): print(f"{a.path}: nothing there (no such bucket, container or prefix)"); return 2
+            stored = StoredCheckpoints(storage)
+            print(stored.report())
+            if (mem := _memory_report(storage.where, None, stored.latest(), a.memory_dir)): print(mem)
             return 0
         except Exception as e: print(f"{a.path}: {describe(e)}"); return 2
-    print(checkpoints_report(local))
-    if not local.is_dir(): return 2
-    identity = (local/'run_identity').read_text().strip() if (local/'run_identity').is_file() else None
-    chosen = CheckpointDir(local).stored.latest()
-    if (mem := _memory_report(local.absolute(), identity, chosen, a.memory_dir)): print(mem)
+    print(checkpoints_report(storage.local))
+    if not storage.exists(): return 2
+    chosen = StoredCheckpoints(storage).latest()
+    if (mem := _memory_report(storage.where, read_run_identity(storage.local), chosen, a.memory_dir)): print(mem)
     return 0
 
 # %% ../nbs/60_check.ipynb #13ab6901

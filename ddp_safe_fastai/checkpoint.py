@@ -4,32 +4,37 @@
 
 # %% ../nbs/48_checkpoint.ipynb #b0a19e44
 from __future__ import annotations
-import time, signal, itertools, threading
+import time, itertools, threading
 from functools import partial
 from pathlib import Path
 from fastcore.basics import *
 import numpy as np
 from fastai.callback.core import Callback
-from .core import *
-from .persist import *
-from .persist import run_on_main
-from .train_state import *
-from .resume import ResumePoint
-from .manifest import *
-from .storage import destination
-from .checkpoint_dir import *
-from .object_store import SecretStorageOptions, checkpoint_uploads, finish_uploads
-from .memory_tier import MemoryTier, run_identity, restarts_left
-from .files import check_room, state_bytes
-from .signals import *
+from .errors import CheckpointError, describe, raise_failures
+from .ranks import check_scope, num_distrib, rank_distrib, run_prefix, say_on_rank0
+from .rendezvous import group_store, is_main_process, join_launched_group
+from .core import broadcast_object, exchange
+from .locations import destination, local_copy_name
 from .fastai_imports import fastai_defaults_kept
+from .background import background_saves
+from .reads import load_state
+from .resume import ResumePoint
+from .manifest import check_format
+from .train_state import (apply_state, capture_state, epoch_fraction, get_rng_state, inner_dls, read_training_state,
+                          resume_within_epoch, rng_state_for, step_tensors, world_size)
+from .storage import checkpoint_name
+from .checkpoint_dir import CheckpointDir, StoredCheckpoints, training_position_of
+from .object_store import CallbackStorage
+from .memory_tier import MemoryTier, restarts_left, run_identity
+from .durable_tier import DurableTier
 from .learner import model_device
+from .signals import PREEMPTED, StopOnSignal
 from .patches import *  # every change to fastai, applied before a callback runs
 with fastai_defaults_kept():
     from fastai.callback.tracker import EarlyStoppingCallback
 
 # %% auto #0
-__all__ = ['ClockDecision', 'tracked_metric', 'CheckpointCallback']
+__all__ = ['ClockDecision', 'SaveSchedule', 'tracked_metric', 'monitored_value', 'resume_choice', 'CheckpointCallback']
 
 # %% ../nbs/48_checkpoint.ipynb #11a0dae3
 class ClockDecision:
@@ -57,6 +62,37 @@ class ClockDecision:
         self.at,self.n = None,self.n+1
         return True
 
+# %% ../nbs/48_checkpoint.ipynb #11a0dae4
+class SaveSchedule:
+    "When the callback checkpoints: after every `every_epoch` epochs, every `every_iters` training batches of an epoch but its last, after the batch in which `every_minutes` passed since the last checkpoint, into node memory every `memory_every_iters` training batches of the run"
+    def __init__(self, every_epoch=1, every_iters=None, every_minutes=None, memory_every_iters=None):
+        store_attr(); self.clock = None
+
+    def __getstate__(self): return {**self.__dict__, 'clock': None}  # a fit's clock, and the store it reads, are not kept
+
+    def start(self):
+        "As a fit starts: the clock, if any, counts from now"
+        self.clock = ClockDecision(self.every_minutes) if self.every_minutes else None
+
+    def before_batch(self, train_iter):
+        "On the main process, before a training batch: is the clock's checkpoint after it? (set in the store for the other ranks)"
+        if self.clock: self.clock.before_batch(train_iter)
+
+    def epoch_due(self, epoch): return (epoch+1) % self.every_epoch == 0
+
+    def after_batch(self, iter, n_iter, epoch, train_iter, # the batch in its epoch, the epoch's batches, the epoch, the run's training batches so far
+                    memory=True): # does node memory take checkpoints (the tier is on)?
+        "After a training batch: 'durable' for a checkpoint within the epoch, 'memory' for one into node memory, else None"
+        on_clock = self.clock is not None and self.clock.due(train_iter)  # asked after every batch: it takes the main process's decision
+        last = iter+1 == n_iter
+        if self.every_iters and (iter+1) % self.every_iters == 0 and not last: return 'durable'
+        if on_clock and not (last and self.epoch_due(epoch)): return 'durable'  # an epoch's end saves anyway
+        if memory and self.memory_every_iters and train_iter % self.memory_every_iters == 0: return 'memory'
+
+    def saved(self):
+        "A durable checkpoint was taken: the clock counts from now"
+        if self.clock: self.clock.restart()
+
 # %% ../nbs/48_checkpoint.ipynb #cfbb20f9
 def tracked_metric(learn, # the Learner, as its fit starts (its Recorder has named its values)
                    monitor, # a name of `learn.recorder.metric_names`, as fastai's trackers take it
@@ -70,22 +106,35 @@ def tracked_metric(learn, # the Learner, as its fit starts (its Recorder has nam
     if comp is None: comp = np.less if 'loss' in monitor or 'error' in monitor else np.greater
     return names.index(monitor), 'min' if comp(0, 1) else 'max'
 
+# %% ../nbs/48_checkpoint.ipynb #cfbb20fa
+def monitored_value(learn, # the Learner, after an epoch
+                    tracked, # `tracked_metric`'s answer, or None
+                    monitor): # the metric's name
+    "What an epoch's checkpoint's manifest records of the monitored metric: its value this epoch, and which way is better"
+    if tracked is None: return {}
+    i,mode = tracked
+    value = learn.recorder.values[-1][i] if learn.recorder.values else None
+    return {} if value is None else dict(monitor=dict(name=monitor, value=float(value), mode=mode))
+
+# %% ../nbs/48_checkpoint.ipynb #32009c3e
+def resume_choice(durable, # the fit's `DurableTier`
+                  memory=None, # its `MemoryTier`, or None
+                  identity=None): # the run's identity (`run_identity`), as rank 0 read it: node memory holds that run's alone
+    "On every rank: (name, manifest, tier) of the checkpoint the fit resumes from, decided together; (None, None, None) for none"
+    try: found,why = durable.latest() if rank_distrib() == 0 else [],None
+    except Exception as e: found,why = [],str(e) if isinstance(e, CheckpointError) else describe(e)  # the store's own errors too
+    mine = memory.latest(identity) if memory else (None, None)  # on each node's writer: its own memory's
+    said = exchange((found, why, mine), 'CheckpointCallback resume')
+    if (why := said[0][1]): raise CheckpointError(f"CheckpointCallback resume from {durable.where}: {why}")
+    # the newest of rank 0's durable checkpoints and every node's memory; of two at one point, the first (durable)
+    tiers = said[0][0] + [(*m, 'memory') for _,_,m in said if m[0]]
+    return max(tiers, key=lambda t: training_position_of(*t[:2]), default=(None, None, None))
+
 # %% ../nbs/48_checkpoint.ipynb #2ac4723c
-def _say(msg):
-    if rank_distrib() == 0: print(f"CheckpointCallback: {msg}", flush=True)
+_say = partial(say_on_rank0, 'CheckpointCallback')  # what the callback tells the user, once
 
 # %% ../nbs/48_checkpoint.ipynb #b02099a3
 _tier_words = dict(disk='its directory', bucket='the object store', memory='node memory')
-
-# %% ../nbs/48_checkpoint.ipynb #32009c3e
-def _commit_and_upload(cd, uploads, name, files, info, keep):
-    "On the main process (in the background with `async_save`): commit checkpoint `name` in `cd`, then hand it to `uploads`, if given; None, or why it failed"
-    try:
-        # the weights may be in the file this process wrote last, as `SafeSaveModelCallback` saves the best model just before
-        cd.commit(name, files(), info, {*keep, *(uploads.pinned() if uploads else ())}, reuse={'model.pth': last_written()})
-        if uploads: uploads.add(name, also=keep)
-    except CheckpointError as e: return str(e)
-    except Exception as e: return f"could not commit {cd.root/name}: {describe(e)}"
 
 # %% ../nbs/48_checkpoint.ipynb #698105d8
 def _stopped_early(learn):
@@ -95,9 +144,13 @@ def _stopped_early(learn):
 # %% ../nbs/48_checkpoint.ipynb #e8cb57a0
 _exception_meeting = 10  # seconds: after an exception, how long a rank waits for the others to checkpoint with it
 
-class CheckpointCallback(SecretStorageOptions, Callback):
+class CheckpointCallback(CallbackStorage, Callback):
     "Save the whole training state every `every_epoch` epochs; resume from the latest complete checkpoint, on any world size"
     order = 1000 # the last: the state is taken once every other callback has seen the epoch (trackers, yours)
+    _stateattrs = CallbackStorage._stateattrs + ('durable_tier', 'memory', 'stop')  # a fit's parts (threads, stores, a storage): never pickled
+    def _init_state(self):
+        super()._init_state()
+        self.durable_tier = self.memory = self.stop = None
     def __init__(self,
                  fname='ckpt', # directory in `learn.path/learn.model_dir`, or a URL of object storage (`s3://bucket/prefix`, any fsspec URL)
                  every_epoch=1, # save after every `every_epoch` epochs
@@ -118,7 +171,8 @@ class CheckpointCallback(SecretStorageOptions, Callback):
                  memory_every_iters=None, # also checkpoint into node memory every this many training batches (counted across epochs): a crash costs at most one more
                  memory_dir=None, # the tmpfs of the memory checkpoints (default `/dev/shm`)
                  upload_timeout=1800, # with a URL `fname`: seconds the bucket may stay behind (an outage) before every rank raises; the fit's end waits for it this long
-                 storage_options=None): # with a URL `fname`: the fsspec file system's options (endpoint, credentials), over those of the environment; never pickled
+                 storage_options=None, # with a URL `fname`: the fsspec file system's options (endpoint, credentials), over those of the environment; never pickled
+                 storage=None): # a `CheckpointStorage` to keep the checkpoints in, instead of `fname` (a store's: committed locally, then uploaded); never pickled
         check_scope(scope)
         if every_minutes is not None and not (isinstance(every_minutes, (int, float)) and 0 < every_minutes < float('inf')):
             raise ValueError(f"CheckpointCallback(every_minutes={every_minutes!r}): a number of minutes, more than 0")
@@ -126,90 +180,61 @@ class CheckpointCallback(SecretStorageOptions, Callback):
             raise ValueError(f"CheckpointCallback(upload_timeout={upload_timeout!r}): a number of seconds, more than 0")
         if memory_every_iters is not None and not (isinstance(memory_every_iters, int) and memory_every_iters >= 1):
             raise ValueError(f"CheckpointCallback(memory_every_iters={memory_every_iters!r}): a number of training batches, at least 1")
-        store_attr(but='storage_options')
-        self.url = destination(fname, '.')[1]
-        self.storage_options = storage_options  # and `self.store`, to which checkpoints are uploaded
-        if self.store and scope != 'global':  # each node's writer would upload, rotate and move `latest` on its own
+        if storage is not None and fname != 'ckpt': raise ValueError(f"CheckpointCallback(fname={fname!r}, storage={storage!r}): give one of them")
+        store_attr(but='storage_options,storage')
+        self.use_storage(destination(fname, '.')[1], storage, storage_options)
+        self.sent = self.where is not None and (storage is None or storage.local is None)  # committed locally, then uploaded
+        self.what = f"CheckpointCallback({'storage=' + repr(storage) if storage is not None else 'fname=' + repr(fname)})"
+        if self.sent and scope != 'global':  # each node's writer would upload, rotate and move `latest` on its own
             raise ValueError(f"CheckpointCallback(fname={fname!r}, scope={scope!r}): a bucket is one place for every node; use scope='global'")
-        if keep_local is not None and not (self.store and isinstance(keep_local, int) and keep_local >= 1):
+        if keep_local is not None and not (self.sent and isinstance(keep_local, int) and keep_local >= 1):
             raise ValueError(f"CheckpointCallback(keep_local={keep_local!r}): a number of checkpoints, at least 1, with a URL `fname` "
-                             f"(here {fname!r}: {'a URL' if self.store else 'a local directory, which keeps `keep`'})")
-        self.resumed_from,self.fit_no,self.epochs_before,self.within,self.watch,self.clock,self.tracked = None,-1,0,None,None,None,None
-        self.saving = None  # the handle of its last checkpoint in the background, which it waits on
-        self.memory,self.resumed_tier,self.uploads = None,None,None  # the fit's `MemoryTier`; where the fit resumed from: 'disk', 'bucket' or 'memory'
+                             f"(here {fname!r}: {'a URL' if self.sent else 'a local directory, which keeps `keep`'})")
+        self.schedule = SaveSchedule(every_epoch, every_iters, every_minutes, memory_every_iters)
+        self.resumed_from,self.resumed_tier = None,None  # where the fit resumed from: its name, and 'disk', 'bucket' or 'memory'
+        self.fit_no,self.epochs_before,self.within,self.tracked = -1,0,None,None
+        self._init_state()  # the fit's parts, made as it starts
 
     @property
     def root(self):
-        "The local directory of the checkpoints; with a URL, their copies before and after their upload"
-        return destination(self.fname, Path(self.learn.path)/self.learn.model_dir)[0]
+        "The local directory of the checkpoints; with a store, their copies before and after their upload"
+        if self.where is not None and not self.sent: return Path(self.storage.local)
+        models = Path(self.learn.path)/self.learn.model_dir
+        return models/local_copy_name(self.where) if self.sent else models/self.fname
 
     @property
     def dir(self):
         "The local `CheckpointDir`: it keeps what the store keeps, or the newest `keep_local`"
-        if self.keep_local is None: return CheckpointDir(self.root, self.keep, self.durable, self.keep_best)
-        return CheckpointDir(self.root, self.keep_local, self.durable)
+        local = self.storage if self.where is not None and not self.sent else self.root  # a local storage handed in writes them
+        if self.keep_local is None: return CheckpointDir(local, self.keep, self.durable, self.keep_best)
+        return CheckpointDir(local, self.keep_local, self.durable)
 
     def before_fit(self):
-        "Resume this fit from the latest complete checkpoint, or skip it if a later fit's checkpoint exists"
+        "Start the fit's tiers, resume it from the newest complete checkpoint of any tier, or skip it if a later fit's checkpoint exists"
         self.within,self.completed,self.stepped = None,None,False
         if hasattr(self.learn, 'lr_finder'): return
         self.tracked = tracked_metric(self.learn, self.monitor, self.comp, required=self.keep_best > 0)
-        self._wait_for_save() # a fit that raised may have left its last checkpoint writing
-        if self.watch: self.watch.close() # a callback after this one raised in `before_fit`: no epoch loop closed it
+        if self.durable_tier: self.durable_tier.wait()  # a fit that raised may have left its last checkpoint writing
+        if self.stop: self.stop.close()  # a callback after this one raised in `before_fit`: no epoch loop closed it
         if self.fit_no >= 0: self.epochs_before += self.n_epochs_last
         self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
-        self.clock = ClockDecision(self.every_minutes) if self.every_minutes else None
+        self.schedule.start()
         if self.memory: self.memory.end(keep=True)  # an earlier fit whose start raised (its resume): what memory holds stays for this one
-        self.memory = MemoryTier(self.memory_every_iters, self.url or self.root.absolute(), self.memory_dir, self.async_save) if self.memory_every_iters else None
-        if self.store:
-            self.check_store(f"CheckpointCallback(fname={self.fname!r})")
-            if rank_distrib() == 0:
-                self._abort_unfinished_uploads()
-                self.uploads = checkpoint_uploads(self.store, self.root, self.keep, self.keep_best, self.upload_timeout, _say)
+        self.memory = MemoryTier(self.memory_every_iters, self.where or str(self.root.absolute()), self.memory_dir, self.async_save) if self.memory_every_iters else None
+        if self.sent: self.check_storage(self.what)
+        self.durable_tier = DurableTier(self.dir, StoredCheckpoints(self.storage) if self.sent else None, self.scope, self.async_save,
+                                        self.keep, self.keep_best, self.upload_timeout, _say)
+        self.durable_tier.start()
         if self.resume: self._resume()
         if self.memory: self._memory_run()
         if self.stop_on_signal and threading.current_thread() is threading.main_thread(): # after a resume that may raise:
-            self.watch = SignalWatch(self.learn, f"{run_prefix()}/stop/{self.fit_no}") # the fit's end closes it
-
-    def _abort_unfinished_uploads(self):
-        "On rank 0, as a fit starts: abort the uploads to the store that a killed run left open (a cleanup: a failure is logged)"
-        try: keys = self.store.abort_unfinished_uploads()
-        except Exception as e: return _say(f"unfinished uploads to {self.fname} not aborted ({describe(e)}): their parts stay in the store")
-        if keys: _say(f"aborted {len(keys)} upload(s) to {self.fname} that a killed run left unfinished: {', '.join(keys)}")
-
-    def _latest(self):
-        "On rank 0: (name, manifest, tier) of each complete durable checkpoint a resume may take: on the disk, in the object store"
-        found = self.dir.latest()
-        tiers = [(found.name, read_manifest(found), 'disk')] if found else []
-        return tiers + ([(*there, 'bucket')] if self.store and (there := self.store.latest())[0] else [])
-
-    def _memory_run(self):
-        "Once resumed: the run's identity (a new one unless it resumed) on every node's writer, and each node's memory rid of other runs' checkpoints and incomplete ones"
-        identity = run_identity(self.root, new=self.resumed_from is None) if rank_distrib() == 0 else None
-        self.memory.identity = broadcast_object(identity, what='CheckpointCallback run identity')
-        if self.memory.writes: self.memory.memory.prune(self.memory.identity, keep=self.resumed_from if self.resumed_tier == 'memory' else None)
-
-    def _download(self, name):
-        "Rank 0 downloads checkpoint `name` unless it has it whole (the others read its bytes, see `read_on_all`); failures on every rank"
-        why = None
-        if is_main_process(self.scope):
-            try:
-                if not is_complete(self.root/name): self.store.download(name, self.root/name)
-            except Exception as e: why = str(e) if isinstance(e, CheckpointError) else describe(e)  # the store's own errors too
-        raise_failures(exchange(why, 'CheckpointCallback download'), f"CheckpointCallback resume from {self.fname}")
+            self.stop = StopOnSignal(self.learn, f"{run_prefix()}/stop/{self.fit_no}", self.requeue) # the fit's end closes it
 
     def _resume(self):
-        "Rank 0 finds the latest complete checkpoint (here, or in the object store); every rank checks its format and follows"
+        "Every rank resumes from the checkpoint `resume_choice` names, once its format is known and it is of this fit"
         background_saves.finish(file=self.root/'latest')  # as a load: the commits of this directory in flight (a fit that raised) are done first
         identity = broadcast_object(run_identity(self.root) if rank_distrib() == 0 else None, what='CheckpointCallback run') if self.memory else None
-        try: found,why = self._latest() if rank_distrib() == 0 else [],None
-        except Exception as e: found,why = [],str(e) if isinstance(e, CheckpointError) else describe(e)  # the store's own errors too
-        mine = self.memory.latest(identity) if self.memory else (None, None)  # on each node's writer: its own memory's
-        said = exchange((found, why, mine), 'CheckpointCallback resume')
-        if (why := said[0][1]): raise CheckpointError(f"CheckpointCallback resume from {self.fname}: {why}")
-        # decided together: the newest of rank 0's durable checkpoints and every node's memory; of two at one point, the first (durable)
-        tiers = said[0][0] + [(*m, 'memory') for _,_,m in said if m[0]]
-        name,manifest,tier = max(tiers, key=lambda t: training_position_of(*t[:2]), default=(None, None, None))
+        name,manifest,tier = resume_choice(self.durable_tier, self.memory, identity)
         if name is None: return
         check_format(manifest, self.root/name)
         if manifest.get('fit', 0) < self.fit_no: return # one of an earlier fit: this fit starts afresh
@@ -217,7 +242,7 @@ class CheckpointCallback(SecretStorageOptions, Callback):
             _say(f"fit {self.fit_no} was done in an earlier run ({name} is of fit {manifest['fit']}): skipping it")
             self.learn.resume_point = ResumePoint(self.n_epoch)
             return
-        if tier == 'bucket': self._download(name)
+        if tier == 'bucket': self.durable_tier.download(name)
         self._restore(self.memory.memory.folder/name if tier == 'memory' else self.root/name, manifest, tier)
         self.resumed_from,self.resumed_tier = name,tier
 
@@ -237,6 +262,12 @@ class CheckpointCallback(SecretStorageOptions, Callback):
         mbar = getattr(getattr(self.learn, 'progress', None), 'mbar', None)
         if mbar is not None: mbar.update(0) # start the epoch bar's clock: it will be moved to the resumed epoch
 
+    def _memory_run(self):
+        "Once resumed: the run's identity (a new one unless it resumed) on every node's writer, and each node's memory rid of other runs' checkpoints and incomplete ones"
+        identity = run_identity(self.root, new=self.resumed_from is None) if rank_distrib() == 0 else None
+        self.memory.identity = broadcast_object(identity, what='CheckpointCallback run identity')
+        if self.memory.writes: self.memory.memory.prune(self.memory.identity, keep=self.resumed_from if self.resumed_tier == 'memory' else None)
+
     def before_train(self):
         "Note the DataLoaders' shuffling state as the epoch starts; in an epoch resumed within, go on with what is left"
         self.done,self.segment_start = [],0
@@ -248,129 +279,86 @@ class CheckpointCallback(SecretStorageOptions, Callback):
 
     def before_batch(self):
         "On the main process: is the checkpoint on the clock after this batch?"
-        if self.training and self.clock: self.clock.before_batch(self.learn.train_iter)
+        if self.training: self.schedule.before_batch(self.learn.train_iter)
+
+    def before_step(self):
+        "The weights and the optimizer's state of a checkpoint are copied while the batch runs: done before the step changes them"
+        if self.durable_tier: self.durable_tier.wait_staged()
+        if self.memory: self.memory.wait_staged()
 
     def after_step(self): self.stepped = True
 
     def after_batch(self):
-        "Stop here if the ranks agreed to; save every `every_iters` training batches but an epoch's last, and on the clock"
+        "Stop here if the ranks agreed to; else checkpoint if the schedule says so"
         if not self.training: return
         if self.memory: self.memory.wait()  # the last memory checkpoint is whole before another batch is trained: a kill costs at most `memory_every_iters`+1
         if self.on_exception: self.completed,self.stepped = (self.epoch, self.iter, get_rng_state()),False
-        if self.watch:
-            self.watch.batch_done()
-            if self.watch.stop_at is not None and self.learn.train_iter >= self.watch.stop_at: return self._stop()
-        on_clock = self.clock is not None and self.clock.due(self.learn.train_iter)
-        last = self.iter+1 == self.n_iter
-        if self.every_iters and (self.iter+1) % self.every_iters == 0 and not last: self._save(within=True)
-        elif on_clock and not (last and (self.epoch+1) % self.every_epoch == 0): self._save(within=True)
-        elif self.memory and self.memory.due(self.learn.train_iter): self._save_memory()
-
-    def _save_memory(self):
-        "A checkpoint after this batch into node memory (`MemoryTier`): every rank hands each node's writer its random states"
-        done = self.done + [(world_size(), self.iter+1 - self.segment_start)]
-        state = capture_state(self.learn, self.fit_no, self.epoch_dl_rng, done)
-        info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done), fit=self.fit_no, world_size=world_size())
-        self.memory.save(state, checkpoint_name(self.epochs_before + state['epoch'], state['iter']), info, step_tensors(self.learn.model, self.learn.opt))
-
-    def _stop(self):
-        "Checkpoint after this batch on every rank, requeue a SLURM job, then exit with `PREEMPTED`"
-        self._save(within=True)  # after an epoch's last batch too: the resumed epoch then only validates
-        self._wait_for_save()
-        how = signal.Signals(self.watch.signum).name if self.watch.signum else 'a signal to another rank'
-        _say(f"{how}: every rank stopped after batch {self.iter+1} of epoch {self.epoch}, checkpoint saved; {self._requeue()}")
-        raise SystemExit(PREEMPTED)
-
-    def _requeue(self):
-        "What happens next: under SLURM the main process requeues the job (every rank hears the outcome), else the user runs it"
-        job = slurm_job() if self.requeue else None
-        if job is None: return f"exit status {PREEMPTED}: run the same command to resume"
-        why = broadcast_object(requeue_slurm_job(job) if rank_distrib() == 0 else None, what='CheckpointCallback requeue')
-        if why is None: return f"SLURM job {job} requeued: it resumes from this checkpoint when it runs again"
-        return (f"SLURM job {job} was not requeued ({why}): requeue it with `scontrol requeue {job}` or submit it again "
-                f"to resume; exit status {PREEMPTED}")
-
-    def before_step(self):
-        "The weights and the optimizer's state of a checkpoint are copied while the batch runs: done before the step changes them"
-        if self.saving is not None: self.saving.wait_staged()
-        if self.memory: self.memory.wait_staged()
+        if self.stop and self.stop.batch_done(self.learn.train_iter): return self._stop()
+        due = self.schedule.after_batch(self.iter, self.n_iter, self.epoch, self.learn.train_iter, bool(self.memory and self.memory.on))
+        if due == 'durable': self._checkpoint(within=True)
+        elif due == 'memory': self._checkpoint_memory()
 
     def after_epoch(self):
         "Save a checkpoint after every `every_epoch` epochs"
-        if (self.epoch+1) % self.every_epoch == 0: self._save()
+        if self.schedule.epoch_due(self.epoch): self._checkpoint()
 
     def after_cancel_fit(self):
         "`EarlyStoppingCallback` ended the fit after this epoch: checkpoint the epoch as the fit's end"
         # the Recorder logged the epoch and the tracker stopped the fit before this callback saw it (their `order`s are
         # lower than `CheckpointCallback.order`). Any other cancellation (a time budget, a signal) leaves the fit to be resumed
-        if len(self.learn.recorder.values) == self.epoch+1 and _stopped_early(self.learn): self._save(stopped=True)
+        if len(self.learn.recorder.values) == self.epoch+1 and _stopped_early(self.learn): self._checkpoint(stopped=True)
 
-    def _save(self, stopped=False, within=False, rng=None, timeout=None):
-        "Checkpoint now: every rank hands its random states (`rng`, else now) to the main process, which commits them with the state"
-        if self.clock: self.clock.restart()
+    def _capture(self, within, stopped=False):
+        "The training state now, its checkpoint's name, and what its manifest says of it"
         done = self.done + [(world_size(), self.iter+1 - self.segment_start)] if within else None
         state = capture_state(self.learn, self.fit_no, self.epoch_dl_rng, done, stopped)
-        name = checkpoint_name(self.epochs_before + state['epoch'], state['iter'])
-        room = (self.uploads and self.uploads.failure) or self._room(self.root/name, state) if is_main_process(self.scope) else None
+        info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done), fit=self.fit_no, world_size=world_size())
+        return state,checkpoint_name(self.epochs_before + state['epoch'], state['iter']),info
+
+    def _checkpoint(self, stopped=False, within=False, rng=None, timeout=None):
+        "A durable checkpoint now: every rank hands its random states (`rng`, else now) to the main process, which commits them with the state"
+        self.schedule.saved()
+        state,name,info = self._capture(within, stopped)
+        if not within: info.update(monitored_value(self.learn, self.tracked, self.monitor))
+        room = None
+        if is_main_process(self.scope):
+            try: self.durable_tier.check_room(name, state)
+            except CheckpointError as e: room = str(e)  # in words: every rank raises it
         rngs,rooms = zip(*exchange((rng or get_rng_state(), room), 'CheckpointCallback rng', timeout))
         raise_failures(rooms, f"CheckpointCallback {self.root/name}")  # on every rank, before anything is written
-        background = self.async_save and not timeout  # one with a timeout is written at once, from the state itself: nothing staged
-        staged = stage_for_save(state, self.scope, later=step_tensors(self.learn.model, self.learn.opt)) if background else None
-        if is_main_process(self.scope): self.root.mkdir(parents=True, exist_ok=True) # where `latest` is written
-        info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done),
-                    fit=self.fit_no, world_size=world_size(), **({} if within else self._monitored()))
-        # the main process commits it (in the background with `async_save`) and every rank hears the outcome: `run_on_main`
-        # the checkpoint of an exception is committed here alone: the process ends before an upload would
-        uploads = self.uploads if not timeout else None
-        files = lambda: checkpoint_files(state if staged is None else staged.obj, list(rngs))  # in the writer's thread, once staged
-        commit = partial(_commit_and_upload, self.dir, uploads, name, files, info, {self.resumed_from})
-        self.saving = run_on_main(self.root/'latest', commit, self.scope, timeout, background, staged)
-        if not background: self.saving = None
+        self.durable_tier.save(name, state, rngs, info, {self.resumed_from}, step_tensors(self.learn.model, self.learn.opt), timeout)
+
+    def _checkpoint_memory(self):
+        "A checkpoint after this batch into node memory (`MemoryTier`): every rank hands each node's writer its random states"
+        state,name,info = self._capture(within=True)
+        self.memory.save(state, name, info, step_tensors(self.learn.model, self.learn.opt))
+
+    def _stop(self):
+        "Checkpoint after this batch on every rank, requeue a SLURM job, then exit with `PREEMPTED`"
+        self._checkpoint(within=True)  # after an epoch's last batch too: the resumed epoch then only validates
+        self.durable_tier.wait()
+        _say(f"{self.stop.how}: every rank stopped after batch {self.iter+1} of epoch {self.epoch}, checkpoint saved; {self.stop.what_next()}")
+        raise SystemExit(PREEMPTED)
 
     def after_fit_raised(self, e):
         "Give the signals back; with `on_exception`, checkpoint the last training batch done, if it was of this epoch and every rank comes soon"
-        if self.watch: self.watch.close(); self.watch = None
+        if self.stop: self.stop.close(); self.stop = None
         if self.memory: self.memory.end(keep=restarts_left()); self.memory = None  # torchrun restarts the workers: they resume from it
-        if self.uploads: self.uploads.close(); self.uploads = None  # what is pending is sent while the process lives
+        if self.durable_tier: self.durable_tier.close()  # what is pending is sent while the process lives
         if not (self.on_exception and self.completed and isinstance(e, Exception)) or isinstance(e, CheckpointError): return # not a failed save again
         epoch,it,rng = self.completed
         if self.stepped or epoch != self.epoch: # a step of an unfinished batch, or no batch of this epoch, is in the state
             return _say(f"the fit raised {describe(e)}, at no batch's end: no checkpoint of it")
         self.learn.epoch,self.learn.iter = epoch,it  # as it was after that batch (validation may have moved `iter`)
         try:
-            self._wait_for_save()
-            self._save(within=True, rng=rng, timeout=_exception_meeting)
+            self.durable_tier.wait()
+            self._checkpoint(within=True, rng=rng, timeout=_exception_meeting)
         except Exception as failed:
             return print(f"CheckpointCallback: the fit raised {describe(e)}; no checkpoint of it on rank {rank_distrib()}: {describe(failed)}", flush=True)
         _say(f"the fit raised {describe(e)}: every rank checkpointed batch {it+1} of epoch {epoch}; run again to resume from it")
 
-    def _monitored(self):
-        "For an epoch's checkpoint: the monitored metric's value this epoch, and which way is better"
-        if self.tracked is None: return {}
-        i,mode = self.tracked
-        value = self.learn.recorder.values[-1][i] if self.learn.recorder.values else None
-        return {} if value is None else dict(monitor=dict(name=self.monitor, value=float(value), mode=mode))
-
-    def _room(self, ckpt, state):
-        "On the main process: None if `ckpt`'s disk has room for `state`, else why not (and which bucket is behind, filling it)"
-        try: check_room(ckpt, state_bytes(state))
-        except CheckpointError as e:
-            if not (self.uploads and self.uploads.behind()): return str(e)
-            return f"{e}; it holds the checkpoints not yet uploaded to {self.fname} (endpoint {self.store.endpoint}), which is behind"
-
-    def _wait_for_save(self):
-        "Wait for this callback's last checkpoint in the background: a failed commit is raised here, on every rank"
-        saving,self.saving = self.saving,None
-        if saving is not None: saving.wait()
-
     def after_fit(self):
-        "Finish the background writes and the uploads; give the signals back; remove the memory checkpoints"
-        if self.watch: self.watch.close(); self.watch = None
-        self._wait_for_save()
-        if self.store: self._wait_for_uploads()
+        "Give the signals back; finish the background writes and the uploads; remove the memory checkpoints"
+        if self.stop: self.stop.close(); self.stop = None
+        self.durable_tier.finish()
         if self.memory: self.memory.end(); self.memory = None
-
-    def _wait_for_uploads(self):
-        "As the fit ends: rank 0 waits for the bucket to catch up, up to `upload_timeout`, saying so; a failure is raised on every rank"
-        uploads,self.uploads = self.uploads,None
-        finish_uploads(uploads, f"CheckpointCallback {self.fname}", self.upload_timeout, _say)

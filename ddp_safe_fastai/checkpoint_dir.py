@@ -7,18 +7,20 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from fastcore.basics import *
-from .core import *
-from .files import *
-from .checksums import *
-from .manifest import *
-from .storage import *
+from .errors import CheckpointError, describe
+from .files import atomic_write, state_bytes
+from .checksums import checksum, crc32_combine, manifest_checksum, recorded_crc32
+from .written import remove_tree
+from .manifest import (check_format, CheckpointFormatError, copy_checked, FORMAT, is_complete, parse_manifest,
+                       read_manifest, why_incomplete, write_manifest)
+from .storage import checkpoint_name, CheckpointStorage, LocalStorage, parse_checkpoint_name, storage_for
 
 # %% auto #0
-__all__ = ['training_position_of', 'training_position', 'monitored_in', 'monitored', 'best_of', 'checkpoint_name',
-           'StoredCheckpoints', 'Commit', 'CheckpointDir', 'latest_complete', 'checkpoint_row', 'checkpoints_table',
-           'inspect_checkpoints', 'checkpoints_report', 'checksum', 'crc32_combine', 'recorded_crc32',
-           'manifest_checksum', 'write_manifest', 'parse_manifest', 'read_manifest', 'why_incomplete', 'is_complete',
-           'copy_checked', 'CheckpointFormatError', 'check_format', 'CheckpointStorage', 'LocalStorage']
+__all__ = ['training_position_of', 'training_position', 'monitored_in', 'monitored', 'best_of', 'StoredCheckpoints', 'Commit',
+           'CheckpointDir', 'latest_complete', 'checkpoint_row', 'checkpoints_table', 'inspect_checkpoints',
+           'checkpoints_report', 'checkpoint_name', 'checksum', 'crc32_combine', 'recorded_crc32', 'manifest_checksum',
+           'write_manifest', 'parse_manifest', 'read_manifest', 'why_incomplete', 'is_complete', 'copy_checked',
+           'CheckpointFormatError', 'check_format', 'CheckpointStorage', 'LocalStorage']
 
 # %% ../nbs/32_checkpoint_dir.ipynb #b20674df
 _log = logging.getLogger('ddp_safe_fastai')
@@ -28,8 +30,8 @@ def training_position_of(name, # a checkpoint's name (`checkpoint_name`)
              manifest): # its manifest, or None
     "How far the run had trained when checkpoint `name` was taken: (epochs of the script done, fraction of the next); no manifest: (-1, 0)"
     if manifest is None: return (-1, 0.)
-    epoch,_,iter = name[len('epoch_'):].partition('_iter_')
-    return (int(epoch), manifest.get('epoch_fraction', int(iter or 0)*1e-9)) # format 1: one world size, batches in order
+    epoch,iter = parse_checkpoint_name(name)
+    return (epoch, manifest.get('epoch_fraction', iter*1e-9)) # format 1: one world size, batches in order
 
 # %% ../nbs/32_checkpoint_dir.ipynb #5dd0dd98
 def training_position(ckpt):
@@ -54,17 +56,12 @@ def best_of(found, # (name, manifest) pairs, wherever the checkpoints are stored
     scored = [(n, m, v) for n,m in found if (v := monitored_in(m))]
     return [n for n,_,_ in sorted(scored, key=lambda nmv: (nmv[2][0] if nmv[2][1] == 'min' else -nmv[2][0], training_position_of(nmv[0], nmv[1])))][:k]
 
-# %% ../nbs/32_checkpoint_dir.ipynb #9fcca6e8
-def checkpoint_name(epoch, # epochs done in the whole script
-                    iter=0): # batches done in the next epoch
-    "The directory name of a checkpoint after `epoch` epochs and `iter` batches"
-    return f"epoch_{epoch:04d}" + (f"_iter_{iter:06d}" if iter else '')
-
 # %% ../nbs/32_checkpoint_dir.ipynb #9923d6ff
 class StoredCheckpoints(GetAttr):
     "The checkpoints in `storage` (a `CheckpointStorage`, whose operations it also offers): their order, the latest complete, the best, the rotation"
     _default = 'storage'
     def __init__(self, storage): self.storage = storage
+    def __repr__(self): return f"{type(self).__name__}({self.storage!r})"
 
     def manifest(self, name):
         "The manifest of checkpoint `name`, or None"
@@ -143,14 +140,42 @@ class Commit:
         try: self.stored.rotate(self.keep, self.keep_best, keep, self.count_unfinished)
         except Exception as e: _log.warning(f"{self.storage}: old checkpoints not removed yet ({describe(e)}): they will be after the next commit")
 
+# %% ../nbs/32_checkpoint_dir.ipynb #13806d4b
+@patch
+def upload(self:StoredCheckpoints,
+           ckpt, # a committed checkpoint's local directory
+           keep=2, # how many complete checkpoints to keep there, the newest
+           keep_best=0, # also keep the `keep_best` best by their monitored metric
+           also=()): # the names of other checkpoints to keep (the one the run resumed from)
+    "Send `ckpt` as it was committed: its files, then its manifest (the commit marker), then `latest`; then remove the checkpoints beyond those kept"
+    data = (ckpt/'manifest.json').read_bytes()
+    Commit(self.storage, keep, keep_best)(ckpt.name, {f: ckpt/f for f in parse_manifest(data)['files']}, data, also)
+
+# %% ../nbs/32_checkpoint_dir.ipynb #13806d4c
+@patch
+def download(self:StoredCheckpoints,
+             name, # the checkpoint
+             dest): # the local directory to copy it to (emptied first)
+    "Copy checkpoint `name` into the local directory `dest`, each file checked against the manifest as it comes, the manifest last; `CheckpointError` if one does not match"
+    dest,data = Path(dest),self.storage.read(name, 'manifest.json')
+    m = parse_manifest(data)
+    if m is None: raise CheckpointError(f"download {self.storage.where}/{name}: it has no manifest")
+    remove_tree(dest); dest.mkdir(parents=True)
+    until = self.storage.until()  # one budget of retries for the whole download
+    for f,e in m['files'].items(): self.storage.get(dest/f, e, name, f, until=until)
+    atomic_write(dest/'manifest.json', lambda tmp: Path(tmp).write_bytes(data))  # the manifest the files were checked against, last
+    return dest
+
 # %% ../nbs/32_checkpoint_dir.ipynb #b6fa7cb5
 class CheckpointDir:
     "The checkpoints under the local directory `root`: committed in order (`Commit`), rotated, the latest complete found"
-    def __init__(self, root, keep=2, durable=True, keep_best=0):
-        self.root,self.keep,self.durable,self.keep_best = Path(root),keep,durable,keep_best
+    def __init__(self, root, # the directory, or a `CheckpointStorage` of one (`LocalStorage`, or yours)
+                 keep=2, # how many to keep, the newest
+                 durable=True, # fsync every file and directory (`root` a directory)
+                 keep_best=0): # also keep the `keep_best` best by their monitored metric
+        self.storage = root if isinstance(root, CheckpointStorage) else storage_for(root, durable=durable)
+        self.root,self.keep,self.durable,self.keep_best = Path(self.storage.local),keep,durable,keep_best
 
-    @property
-    def storage(self): return storage_for(self.root, durable=self.durable)
     @property
     def stored(self): return StoredCheckpoints(self.storage)
 
@@ -195,7 +220,7 @@ def checkpoint_row(name, # the checkpoint
     m = manifest or {}
     if why is None and m['format'] > FORMAT: why = f"format {m['format']}: newer than this release reads"
     return dict(name=name, complete=why is None, why=why, epoch=m.get('epoch'),
-                iter=m.get('iter', int(name.split('_iter_')[1]) if '_iter_' in name else 0), fit=m.get('fit'),
+                iter=m.get('iter', parse_checkpoint_name(name)[1]), fit=m.get('fit'),
                 world_size=m.get('world_size'), format=m.get('format'), library=m.get('library'), bytes=nbytes,
                 resume=resume, monitor=m.get('monitor'), best=best)
 
@@ -238,10 +263,10 @@ def checkpoints_table(where, # the directory or URL
 # %% ../nbs/32_checkpoint_dir.ipynb #b7b400d6
 @patch
 def report(self:StoredCheckpoints,
-           where, # the directory or URL, for the table's title
+           where=None, # the table's title (default: the storage's directory or URL)
            best_complete=True): # star the best of the complete checkpoints (False: of those with a manifest)
     "`rows` as a table (`checkpoints_table`), with what `latest` says and what a resume would do"
-    return checkpoints_table(where, self.named_latest(), self.rows(best_complete))
+    return checkpoints_table(where or self.storage.where, self.named_latest(), self.rows(best_complete))
 
 # %% ../nbs/32_checkpoint_dir.ipynb #4e0da838
 def inspect_checkpoints(root): # a `CheckpointCallback`'s directory: `learn.path/learn.model_dir/fname`
@@ -255,5 +280,5 @@ def checkpoints_report(root):
     return CheckpointDir(root).stored.report(root, best_complete=False)
 
 # %% ../nbs/32_checkpoint_dir.ipynb #94c491aa
-_all_ = ['checksum', 'crc32_combine', 'recorded_crc32', 'manifest_checksum', 'write_manifest', 'parse_manifest', 'read_manifest',
+_all_ = ['checkpoint_name', 'checksum', 'crc32_combine', 'recorded_crc32', 'manifest_checksum', 'write_manifest', 'parse_manifest', 'read_manifest',
          'why_incomplete', 'is_complete', 'copy_checked', 'CheckpointFormatError', 'check_format', 'CheckpointStorage', 'LocalStorage']

@@ -6,19 +6,24 @@
 from __future__ import annotations
 from contextlib import contextmanager
 import torch.distributed as dist
-from .errors import *
-from .ranks import *
-from .store_gather import *
-from .rendezvous import *
+from .errors import (CheckpointError, CheckpointNotFoundError, describe, DistributedTimeoutError, error_for,
+                     FileMissing, raise_failures, RendezvousError, StoreUnreachableError)
+from .ranks import (check_scope, distrib_timeout, group_ready, launched_world, local_io, num_distrib, rank_distrib,
+                    restart_attempt, run_group, run_prefix, RunGroup, slurm_step, Topology)
+from .store_gather import gathers, meet
+from .rendezvous import (all_gather_object, first_host, group_store, is_main_process, join_launched_group,
+                         launcher_may_die_first, local_rank_distrib, node_rank_distrib, rank_device, share_launch_env,
+                         slurm_master, store_outlives_ranks, store_reachable, topology)
 
 # %% auto #0
-__all__ = ['exchange', 'distrib_barrier', 'broadcast_object', 'sync_point', 'main_process_first', 'run_group', 'CheckpointError',
-           'CheckpointNotFoundError', 'DistributedTimeoutError', 'StoreUnreachableError', 'RendezvousError', 'RunGroup',
-           'group_ready', 'slurm_step', 'launched_world', 'rank_distrib', 'num_distrib', 'Topology', 'topology',
-           'node_rank_distrib', 'local_rank_distrib', 'check_scope', 'is_main_process', 'rank_device',
-           'distrib_timeout', 'store_outlives_ranks', 'restart_attempt', 'run_prefix', 'launcher_may_die_first',
-           'group_store', 'first_host', 'slurm_master', 'share_launch_env', 'join_launched_group', 'meet',
-           'store_reachable', 'FileMissing', 'error_for', 'raise_failures', 'describe', 'local_io']
+__all__ = ['exchange', 'distrib_barrier', 'broadcast_object', 'sync_point', 'raise_any_failure', 'main_process_first',
+           'run_group', 'CheckpointError', 'CheckpointNotFoundError', 'DistributedTimeoutError',
+           'StoreUnreachableError', 'RendezvousError', 'RunGroup', 'group_ready', 'slurm_step', 'launched_world',
+           'rank_distrib', 'num_distrib', 'Topology', 'topology', 'node_rank_distrib', 'local_rank_distrib',
+           'check_scope', 'is_main_process', 'rank_device', 'distrib_timeout', 'store_outlives_ranks',
+           'restart_attempt', 'run_prefix', 'launcher_may_die_first', 'group_store', 'first_host', 'slurm_master',
+           'share_launch_env', 'join_launched_group', 'meet', 'store_reachable', 'FileMissing', 'error_for',
+           'raise_failures', 'describe', 'local_io']
 
 # %% ../nbs/04_core.ipynb #cb1af1dc
 def exchange(obj, what, timeout=None):
@@ -47,13 +52,21 @@ def sync_point(pg=None):
     "Where this process is in the run: the collectives of the process group and the all-gathers it has entered"
     return (_collectives(pg), gathers.entered)
 
+# %% ../nbs/04_core.ipynb #5e1f0a01
+def raise_any_failure(failure, # this rank's: None, or why it failed, in words (they travel to every rank)
+                      what, # the all-gather's name, the same on every rank
+                      msg=None, # how the error starts (default: `what`)
+                      timeout=None): # seconds to wait for the other ranks
+    "All-gather every rank's `failure`: if any rank failed, the same `CheckpointError` on every rank, naming those ranks"
+    raise_failures(exchange(failure, what, timeout), what if msg is None else msg)
+
 # %% ../nbs/04_core.ipynb #0ac6a029
 @contextmanager
 def main_process_first(scope='global', timeout=None):
     "Run the body on the main process (of each node for `scope='node'`) first, then on the others"
     what = f"main_process_first({scope!r})"
     if not is_main_process(scope):
-        raise_failures(exchange(None, what, timeout), what)
+        raise_any_failure(None, what, timeout=timeout)
         yield
         return
     try: yield

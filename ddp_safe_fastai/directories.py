@@ -6,7 +6,10 @@
 from __future__ import annotations
 import shutil, secrets, logging
 from pathlib import Path
-from .core import *
+from .ranks import local_io, rank_distrib
+from .files import nearest_dir
+from .rendezvous import is_main_process, join_launched_group
+from .core import broadcast_object, exchange, main_process_first
 
 # %% auto #0
 __all__ = ['shared_dirs', 'prepare_dir', 'SharedDirs', 'dir_is_shared', 'once_per_disk']
@@ -58,20 +61,13 @@ def dir_is_shared(path, # the directory, as this rank names it
     "Does every rank see the same directory `path`? None if rank 0 cannot write there. Every rank must call it"
     return shared_dirs(path, timeout, what)
 
-# %% ../nbs/12_directories.ipynb #18f3e08b
-def _nearest_dir(path):
-    "`path`, or its nearest ancestor that exists"
-    path = Path(path).absolute()
-    while not path.is_dir() and path != path.parent: path = path.parent
-    return path
-
 # %% ../nbs/12_directories.ipynb #51aac3c6
 def once_per_disk(target, # the file or folder that `make` writes
                   make, # makes it; runs on one process per disk that holds `target`
                   what): # the operation, for the all-gathers' names and messages (the same on every rank)
     "`make()` on one process per disk that holds `target`, the others waiting for it; None on the others"
     if not join_launched_group(): return make()
-    shared = dir_is_shared(_nearest_dir(Path(target).parent), what=what)
+    shared = dir_is_shared(nearest_dir(Path(target).parent), what=what)
     scope = 'node' if shared is False else 'global'
     with main_process_first(scope):
         if is_main_process(scope):

@@ -12,10 +12,12 @@ from fastcore.basics import *
 import fastai.torch_core
 from fastai.torch_core import LongTensor, get_model
 from fastai.learner import Learner
-from .core import *
-from .fastai_imports import *
-from .learner import model_device
+from .ranks import local_io, num_distrib, rank_distrib, run_group
+from .rendezvous import join_launched_group, local_rank_distrib, rank_device, share_launch_env
+from .core import distrib_barrier, main_process_first
+from .fastai_imports import fastai_defaults_kept, fastai_original, rebind_fastai, when_imported
 from .resume import deal
+from .learner import model_device
 with fastai_defaults_kept(): import fastai.distributed; from fastai.distributed import DistributedDL, DistributedTrainer
 
 # %% auto #0
@@ -98,6 +100,12 @@ def after_fit(self:DistributedTrainer):
     model = get_model(self.learn.model)
     model.__dict__.pop('_is_accelerate_prepared', None)  # unwrapped, it is the model itself: the next context's accelerator places it again
     self.learn.model,self.learn.dls.loaders = model,self.old_dls
+
+# %% ../nbs/40_distributed.ipynb #d1e5a7f0
+@patch
+def after_fit_raised(self:DistributedTrainer, e):
+    "The fit raised: the model and the DataLoaders as `after_fit` leaves them"
+    self.after_fit()
 
 # %% ../nbs/40_distributed.ipynb #246d8a9c
 _fastai_detach_distributed = fastai_original(Learner, 'detach_distributed')

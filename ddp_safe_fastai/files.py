@@ -4,17 +4,18 @@
 
 # %% ../nbs/05_files.ipynb #e604bb33
 from __future__ import annotations
-import os, re, sys, glob, mmap, time, errno, ctypes, secrets, shutil, socket, threading
+import os, sys, glob, mmap, time, errno, ctypes, secrets, shutil, socket, threading
 from contextlib import suppress
 from pathlib import Path
 import torch
 from .errors import CheckpointError, describe
+from .locations import is_url, local_copy_name
 try: import fcntl
 except ImportError: fcntl = None  # Windows: no file locks
 
 # %% auto #0
-__all__ = ['flush_to_disk', 'give_back_pages', 'wait_for_closes', 'writer_of', 'write_token', 'state_bytes', 'check_room',
-           'atomic_write', 'atomic_torch_save', 'DirectFile', 'holds', 'is_url', 'local_copy_name']
+__all__ = ['flush_to_disk', 'give_back_pages', 'wait_for_closes', 'writer_of', 'write_token', 'state_bytes', 'nearest_dir',
+           'check_room', 'atomic_write', 'atomic_torch_save', 'DirectFile', 'holds', 'is_url', 'local_copy_name']
 
 # %% ../nbs/05_files.ipynb #a43091df
 def flush_to_disk(path, directory=False, strict=False):
@@ -155,8 +156,9 @@ def state_bytes(obj):
     return sum(sizes.values())
 
 # %% ../nbs/05_files.ipynb #2039ba97
-def _existing_dir(path):
-    "`path`, or its nearest parent that exists: where the disk can be asked for its free space"
+def nearest_dir(path):
+    "`path` made absolute, or its nearest ancestor that is a directory: where a disk can be asked about a path not made yet"
+    path = Path(path).absolute()
     while not path.is_dir() and path != path.parent: path = path.parent
     return path
 
@@ -164,7 +166,7 @@ def _existing_dir(path):
 def check_room(file, # the file about to be written
                needed): # the bytes it needs
     "Raise `CheckpointError` if `file`'s disk has fewer than `needed` bytes free: before anything is written"
-    where = _existing_dir(Path(file).parent)
+    where = nearest_dir(Path(file).parent)
     try: usage = shutil.disk_usage(where)
     except OSError: return  # a directory that cannot be read fails at the write, saying so
     if usage.total and usage.free < needed:  # ramfs counts no blocks and has room for as much as memory holds
@@ -323,12 +325,5 @@ def holds(file, # a file `torch.save` wrote
     try: return _alike(torch.load(file, map_location='cpu', mmap=True, weights_only=True), obj)  # mapped: compared, not copied
     except Exception: return False  # not a torch file, or values that cannot be compared (a numpy array...)
 
-# %% ../nbs/05_files.ipynb #c4a1e0f3
-def is_url(fname):
-    "Does `fname` name object storage (`s3://bucket/prefix`, `az://...`, any fsspec URL but `file://`), not a local path?"
-    return isinstance(fname, str) and re.match(r'^[a-zA-Z][a-zA-Z0-9+.-]*://', fname) is not None and not fname.startswith('file://')
-
-# %% ../nbs/05_files.ipynb #c4a1e0f5
-def local_copy_name(url):
-    "The name of the local copy of `url` (a directory of checkpoints, a file): its scheme, bucket and key, made one name"
-    return re.sub(r'[^A-Za-z0-9._-]+', '_', url.rstrip('/'))
+# %% ../nbs/05_files.ipynb #68a1ea75
+_all_ = ['is_url', 'local_copy_name']

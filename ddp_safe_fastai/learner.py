@@ -14,13 +14,17 @@ import fastai.learner
 from fastai.torch_core import default_device, apply, one_param
 from fastai.data.core import DataLoaders
 from fastai.learner import Learner
-from .core import *
-from .persist import *
-from .persist import write_state, and_upload
-from .storage import destination
+from .errors import CheckpointNotFoundError
+from .ranks import distrib_timeout, rank_distrib, run_group
+from .rendezvous import rank_device
+from .core import broadcast_object
 from .fastai_imports import fastai_original, rebind_fastai
-from .train_state import model_state, apply_model_state, step_tensors, read_training_state
-from .checkpoint_dir import CheckpointDir, is_complete, read_manifest
+from .reads import fastai_torch_load, is_torch_zip, load_state, read_on_all, split_kwargs
+from .persist import and_upload, save_on_main, save_state, write_state
+from .manifest import is_complete, read_manifest
+from .train_state import apply_model_state, model_state, read_training_state, step_tensors
+from .storage import file_place, storage_for
+from .checkpoint_dir import CheckpointDir
 
 # %% auto #0
 __all__ = ['model_file', 'load_device', 'model_device', 'load_learner', 'load_dataloaders', 'model_state', 'step_tensors',
@@ -137,13 +141,15 @@ def export(self:Learner,
            pickle_module=cloudpickle, # as for `torch.save`
            pickle_protocol=2, # as for `torch.save`
            storage_options=None, # with a URL `fname`: the fsspec file system's options (endpoint, credentials)
-           upload_timeout=1800, # with a URL `fname`: seconds the store may stay behind (an outage) before the export fails
+           upload_timeout=1800, # with a URL `fname` or a `storage`: seconds the store may stay behind (an outage) before the export fails
+           storage=None, # a `CheckpointStorage` to keep the file in, as `fname` (uploaded from a local copy in `self.path` where it is a store's)
            **kwargs):
     "Export the content of `self` without the items and the optimizer state for inference, once, atomically"
     write = partial(_export_to, self, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
-    local,url = destination(fname, self.path)
-    if url:
-        write = and_upload(write, url, storage_options, upload_timeout, lambda m: print(f"Learner.export: {m}"))
+    local,where,name = file_place(fname, self.path, storage)
+    if where is not None:
+        there = storage if storage is not None else storage_for(where, storage_options)
+        write = and_upload(write, there, name, upload_timeout, lambda m: print(f"Learner.export: {m}"))
         if kwargs.get('timeout') is None: kwargs['timeout'] = upload_timeout + distrib_timeout()  # the others wait for the upload too
     return save_on_main(local, write, **kwargs)
 

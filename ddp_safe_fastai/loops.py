@@ -9,7 +9,7 @@ from fastcore.basics import *
 from fastai.learner import Learner, CancelEpochException, CancelFitException
 from fastai.data.load import DataLoader
 from .fastai_imports import fastai_original
-from .resume import *
+from .resume import resuming
 from .train_state import set_rng_state
 
 # %% auto #0

@@ -7,10 +7,9 @@ from __future__ import annotations
 import os, json
 from pathlib import Path
 from . import __version__
-from .errors import *
+from .errors import CheckpointError
 from .files import atomic_write
-from .checksums import *
-
+from .checksums import checksum, checksum_kind, checksum_types, manifest_checksum
 
 # %% auto #0
 __all__ = ['FORMAT', 'write_manifest', 'parse_manifest', 'read_manifest', 'why_unlike_manifest', 'why_incomplete', 'is_complete',

@@ -8,7 +8,10 @@ import sys, time, atexit, pickle, hashlib, threading
 from contextlib import suppress
 from datetime import timedelta
 import torch.distributed as dist
-from .core import *
+from .errors import CheckpointError, DistributedTimeoutError
+from .ranks import distrib_timeout, rank_distrib, run_prefix
+from .rendezvous import group_store, node_rank_distrib, store_reachable
+from .core import sync_point
 
 # %% auto #0
 __all__ = ['save_matching', 'save_prefix', 'call_site', 'SaveMatching', 'wait_for_writer', 'writer_done']

@@ -9,19 +9,21 @@ from functools import partial
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from fastcore.basics import *
-from .errors import *
-from .core import *
-from .background import background_saves, StagedState
-from .train_state import get_rng_state, checkpoint_files, world_size
+from .errors import CheckpointError, describe
+from .ranks import rank_distrib
+from .rendezvous import local_rank_distrib
+from .core import exchange
+from .locations import is_url
 from .files import atomic_write, state_bytes
 from .written import remove_tree
-from .manifest import *
+from .background import background_saves, SaveHandle, StagedState
+from .train_state import checkpoint_files, get_rng_state, world_size
 from .storage import LocalStorage
-from .checkpoint_dir import *
+from .checkpoint_dir import Commit, StoredCheckpoints
 
 # %% auto #0
-__all__ = ['memory_base', 'memory_room', 'run_identity', 'MemoryStorage', 'MemoryCheckpoints', 'memory_runs', 'restarts_left',
-           'MemoryTier']
+__all__ = ['memory_base', 'check_memory_room', 'read_run_identity', 'run_identity', 'MemoryStorage', 'MemoryCheckpoints',
+           'memory_runs', 'restarts_left', 'MemoryTier']
 
 # %% ../nbs/34_memory_tier.ipynb #2bb37451
 def memory_base(memory_dir=None): # a tmpfs (default `/dev/shm`)
@@ -54,23 +56,27 @@ def _cgroup_room():
     return None
 
 # %% ../nbs/34_memory_tier.ipynb #ae26f3e7
-def memory_room(folder, # a folder in the tmpfs
-                nbytes): # the bytes of the checkpoint about to be written
-    "None if the tmpfs of `folder` and the job's memory limit have room for `nbytes` more, else why not"
+def check_memory_room(folder, # a folder in the tmpfs
+                      nbytes): # the bytes of the checkpoint about to be written
+    "Raise `CheckpointError` unless the tmpfs of `folder` and the job's memory limit have room for `nbytes` more"
     free = shutil.disk_usage(folder).free
-    if free < nbytes: return f"{folder} has {free:,} bytes free, a memory checkpoint needs {nbytes:,}"
+    if free < nbytes: raise CheckpointError(f"{folder} has {free:,} bytes free, a memory checkpoint needs {nbytes:,}")
     room = _cgroup_room()
     if room is not None and room < nbytes:
-        return f"the job's memory limit leaves {room:,} bytes, a memory checkpoint in {folder} needs {nbytes:,} (tmpfs pages count towards it)"
+        raise CheckpointError(f"the job's memory limit leaves {room:,} bytes, a memory checkpoint in {folder} needs {nbytes:,} (tmpfs pages count towards it)")
 
 # %% ../nbs/34_memory_tier.ipynb #bde70494
+def read_run_identity(root): # the run's local checkpoint directory
+    "The identity of the run whose checkpoints are under `root`, as `root/run_identity` keeps it; None if there is none"
+    try: return (Path(root)/'run_identity').read_text().strip()
+    except OSError: return None
+
+# %% ../nbs/34_memory_tier.ipynb #bde70495
 def run_identity(root, # the run's local checkpoint directory
                  new=False): # a run starting afresh: a new identity
     "The identity of the run whose checkpoints are under `root`, kept in `root/run_identity`; made when there is none, or with `new`"
+    if not new and (identity := read_run_identity(root)): return identity
     f = Path(root)/'run_identity'
-    if not new:
-        try: return f.read_text().strip()
-        except OSError: pass
     identity = secrets.token_hex(8)
     f.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(f, lambda tmp: Path(tmp).write_text(identity))
@@ -79,8 +85,7 @@ def run_identity(root, # the run's local checkpoint directory
 # %% ../nbs/34_memory_tier.ipynb #e22938de
 class MemoryStorage(LocalStorage):
     "A `LocalStorage` in a tmpfs, without syncs; its `latest` is not noted as this process's: the next writer is often a restarted process"
-    def __init__(self, root): super().__init__(root, durable=False)
-    def set_latest(self, name): atomic_write(self.root/'latest', lambda tmp: Path(tmp).write_text(name), False)
+    def __init__(self, root): super().__init__(root, durable=False, note_latest=False)
 
 # %% ../nbs/34_memory_tier.ipynb #a1786456
 class MemoryCheckpoints(StoredCheckpoints):
@@ -117,7 +122,7 @@ class MemoryCheckpoints(StoredCheckpoints):
             if n != keep and (not m or m.get('run') != identity or self.why_incomplete(n, m)): self.storage.remove(n)
 
     def write(self, job):
-        "Run `job` in this memory's writer thread (never behind a durable write or an upload); its future"
+        "Run `job` in this memory's writer thread (never behind a durable write or an upload): a `Future` of it"
         if self._writer is None: self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_memory')
         return self._writer.submit(job)
 
@@ -135,9 +140,9 @@ def memory_runs(memory_dir=None): # the tmpfs (default `/dev/shm`)
         except (OSError, ValueError, KeyError): durable = None
         mem = StoredCheckpoints(MemoryStorage(folder))
         found = mem.checkpoints()
-        here = durable is not None and '://' not in durable and Path(durable).is_dir()
-        identity = (Path(durable)/'run_identity').read_text().strip() if here and (Path(durable)/'run_identity').is_file() else None
-        gone = durable is None or ('://' not in durable and (not here or all((m or {}).get('run') != identity for _,m in found)))
+        here = durable is not None and not is_url(durable) and Path(durable).is_dir()
+        identity = read_run_identity(durable) if here else None
+        gone = durable is None or (not is_url(durable) and (not here or all((m or {}).get('run') != identity for _,m in found)))
         runs.append(dict(folder=folder, durable=durable, checkpoints=[n for n,_ in found], gone=gone,
                          bytes=sum(p.stat().st_size for p in folder.rglob('*') if p.is_file())))
     return runs
@@ -169,7 +174,10 @@ class MemoryTier:
              info, # what its manifest says of it
              later=()): # `data_ptr`s of tensors the training changes only at its next step: copied meanwhile
         "On every rank: hand the random states to every node's writer, which writes `state` as checkpoint `name`; if one cannot, the tier goes off on every rank"
-        why = (self.failure or memory_room(self.memory.folder.parent, state_bytes(state))) if self.writes else None
+        why = self.failure if self.writes else None  # in words: they go to every rank
+        if self.writes and why is None:
+            try: check_memory_room(self.memory.folder.parent, state_bytes(state))
+            except CheckpointError as e: why = str(e)
         rngs,whys = zip(*exchange((get_rng_state(), why), 'CheckpointCallback memory checkpoint'))
         if any(whys):
             self.on = False
@@ -178,18 +186,23 @@ class MemoryTier:
         if not self.writes: return
         self.staged = background_saves.stage(state, later) if self.async_save else None
         job = partial(self._commit, name, self.staged or state, list(rngs), info)
-        if self.async_save: self.writing = self.memory.write(job)
-        else: self.failure = job()
+        if self.async_save: self.writing = SaveHandle(self.memory.folder/name).outcome_of(self.memory.write(job))
+        else: self._take(job)
 
     def _commit(self, name, state, rngs, info):
-        "Commit checkpoint `name` of `state` (a `StagedState` once its copies are done); None, or why it failed"
+        "Commit checkpoint `name` of `state` (a `StagedState` once its copies are done); `CheckpointError` if it cannot be"
         staged = state if isinstance(state, StagedState) else None
         try:
             if staged: staged.wait()
             self.memory.commit(name, checkpoint_files(staged.obj if staged else state, rngs), info, self.identity)
-        except Exception as e: return f"{self.memory.folder}/{name}: {describe(e)}"
+        except Exception as e: raise CheckpointError(f"{self.memory.folder}/{name}: {describe(e)}") from e
         finally:
             if staged: background_saves.give_back(staged.tensors)
+
+    def _take(self, outcome):
+        "`outcome()` (a write, or a wait for one); a failure kept in words, which every rank hears at the next memory checkpoint"
+        try: outcome()
+        except CheckpointError as e: self.failure = str(e)
 
     def wait_staged(self):
         "Wait until the last memory checkpoint's state is in host memory: the training may then change the tensors"
@@ -197,7 +210,7 @@ class MemoryTier:
 
     def wait(self):
         "Wait for the last memory checkpoint's write"
-        if self.writing is not None: self.failure,self.writing = self.writing.result(),None
+        if self.writing is not None: writing,self.writing = self.writing,None; self._take(writing.result)
 
     def end(self, keep=False): # keep the memory checkpoints (torchrun restarts the workers)
         "As the fit ends: finish the write under way and remove the run's memory checkpoints, unless `keep`"

@@ -5,138 +5,149 @@
 # %% ../nbs/33_object_store.ipynb #33ba283f
 from __future__ import annotations
 import time, threading
+from concurrent.futures import Future
 from pathlib import Path
 from fastcore.basics import *
-from .core import *
-from .files import atomic_write
-from .written import remove_tree
-from .transport import *
-from .transport import will_not_pass
-from .ranks import distrib_timeout
-from .manifest import *
-from .storage import *
-from .checkpoint_dir import *
+from .errors import CheckpointError, describe
+from .ranks import distrib_timeout, rank_distrib
+from .core import raise_any_failure
+from .locations import is_url, storage_registry
+from .transport import Behind, upload_failure, will_not_pass
+from .storage import FsspecStorage, storage_for
+from .checkpoint_dir import StoredCheckpoints
 
 # %% auto #0
-__all__ = ['ObjectStoreDir', 'check_writable', 'SecretStorageOptions', 'BackgroundUploads', 'checkpoint_uploads',
-           'finish_uploads', 'upload_file', 'FsspecStorage']
+__all__ = ['ObjectStoreDir', 'check_writable', 'CallbackStorage', 'BackgroundUploads', 'checkpoint_uploads', 'finish_uploads',
+           'upload_file', 'FsspecStorage']
 
 # %% ../nbs/33_object_store.ipynb #13806d4a
 class ObjectStoreDir(StoredCheckpoints):
-    "The checkpoints under `url`, in a `CheckpointDir`'s layout (`StoredCheckpoints` over an `FsspecStorage`): uploaded from, and downloaded to, local directories"
+    "The checkpoints under `url`, in a `CheckpointDir`'s layout: `StoredCheckpoints` over the storage the registry names for the URL (`storage.storage_for`)"
     def __init__(self, url, # `s3://bucket/prefix`, `az://container/prefix`, any fsspec URL
                  storage_options=None, # for the fsspec file system: `endpoint_url`, `key`, `secret`...
                  retry_for=None): # seconds an upload or download goes on trying (default: see `transport`)
         super().__init__(storage_for(url, storage_options, retry_for=retry_for))
 
-    def __repr__(self): return f"{type(self).__name__}({self.url!r})"
-
-    def upload(self, ckpt, # a committed checkpoint's local directory
-               keep=2, # how many complete checkpoints to keep in the store, the newest
-               keep_best=0, # also keep the `keep_best` best by their monitored metric
-               also=()): # the names of other checkpoints to keep (the one the run resumed from)
-        "Upload `ckpt` as it was committed: its files, then its manifest (the commit marker), then `latest`; then remove the checkpoints beyond those kept"
-        data = (ckpt/'manifest.json').read_bytes()
-        Commit(self.storage, keep, keep_best)(ckpt.name, {f: ckpt/f for f in parse_manifest(data)['files']}, data, also)
-
-    def download(self, name, # the checkpoint
-                 dest): # the local directory to download it to (emptied first)
-        "Download checkpoint `name` into `dest`, each file checked against the manifest as it arrives, the manifest last; `CheckpointError` if one does not match"
-        dest,data = Path(dest),self.read(name, 'manifest.json')
-        m = parse_manifest(data)
-        if m is None: raise CheckpointError(f"download {self.url}/{name}: it has no manifest")
-        remove_tree(dest); dest.mkdir(parents=True)
-        until = self.until()  # one budget of retries for the whole download
-        for f,e in m['files'].items():
-            why = self.get(dest/f, e, name, f, until=until)
-            if why: raise CheckpointError(f"download {self.url}/{name} to {dest}: {why}")
-        atomic_write(dest/'manifest.json', lambda tmp: Path(tmp).write_bytes(data))  # the manifest the files were checked against, last
-        return dest
-
-    def report(self):
-        "`checkpoints_report` of the store: each checkpoint's manifest and sizes (checksums are checked when one is downloaded)"
-        return super().report(self.url)
-
 # %% ../nbs/33_object_store.ipynb #67a58e06
-def check_writable(store, # an `ObjectStoreDir`
+def check_writable(storage, # a `CheckpointStorage`
                    what): # the caller, for the message and the all-gather's name: `CheckpointCallback(fname=...)`
-    "Raise the same `CheckpointError` on every rank, naming `what` and the URL, unless rank 0 can write to `store`"
+    "Raise the same `CheckpointError` on every rank, naming `what` and the place, unless rank 0 can write to `storage`"
     why = None
     if rank_distrib() == 0:
-        try: store.check()
+        try: storage.check()
         except CheckpointError as e: why = str(e)
-    raise_failures(exchange(why, f"{what} (store)"), what)
+    raise_any_failure(why, f"{what} (store)", what)
 
 # %% ../nbs/33_object_store.ipynb #564ac9cb
-class SecretStorageOptions:
-    "Mixin for a callback with a `url`: `store`, made with `storage_options`, which no pickle of the callback holds (`Learner.export`)"
-    _stateattrs = ('_storage_options', 'store', '__stored_args__')  # left out by `Stateful.__getstate__`; fastcore 1's `store_attr` keeps every argument in `__stored_args__`
+class CallbackStorage:
+    "Mixin for a callback that writes to a storage: `storage`, handed in or made at its first use from a location (a URL) with `storage_options`; no pickle of the callback holds either, only the location (`Learner.export`)"
+    _stateattrs = ('_storage', '_storage_options', '__stored_args__')  # left out by `Stateful.__getstate__`; fastcore 1's `store_attr` keeps every argument in `__stored_args__`
+    def use_storage(self, where, # a URL, or None for a name under the learner's folder
+                    storage=None, # a `CheckpointStorage` handed in: its location instead of `where`
+                    storage_options=None): # with a URL: the fsspec file system's options
+        "Write to `storage` if one is handed in, else to `where`'s, made when first used (a scheme no class is registered for is refused now)"
+        if storage is None and where is not None: storage_registry.class_for(where)
+        self.where = storage.where if storage is not None else where
+        self._storage,self._storage_options,self.storage_given,self.not_saved = storage,storage_options,storage is not None,None
+
+    @property
+    def url(self):
+        "The callback's location where it is a URL of object storage, else None"
+        return self.where if is_url(self.where) else None
+
+    @property
+    def storage(self):
+        "The storage the callback writes to: the one handed in, else its location's, made at first use with `storage_options`; None for a name under the learner's folder"
+        if self._storage is None and self.where is not None: self._storage = storage_for(self.where, self._storage_options)
+        return self._storage
+
+    @storage.setter
+    def storage(self, storage): self.use_storage(None, storage)
+
     @property
     def storage_options(self):
         "The fsspec file system's options; set them again after `load_learner`"
         return self._storage_options
 
     @storage_options.setter
-    def storage_options(self, options):
-        self._storage_options,self.options_not_saved = options,()
-        self.store = ObjectStoreDir(self.url, options) if self.url else None
+    def storage_options(self, options): self.use_storage(self.where, None, options)
 
-    def __getstate__(self): return {**super().__getstate__(), 'options_not_saved': sorted(self.storage_options or ())}  # their names only
+    def __getstate__(self):
+        "The callback's state without its storage and options: their names alone (a storage handed in: its class)"
+        not_saved = (f"storage ({type(self._storage).__name__}) is" if self.storage_given else
+                     f"storage_options {', '.join(sorted(self.storage_options))} are" if self.storage_options else None)
+        return {**super().__getstate__(), 'not_saved': not_saved}
 
     def __setstate__(self, state):
-        not_saved = state.pop('options_not_saved', ())
+        not_saved = state.pop('not_saved', None)
         super().__setstate__(state)
-        self.storage_options,self.options_not_saved = None,not_saved  # the environment's, until set again
+        self.use_storage(self.where)  # the environment's options, until given again
+        self.not_saved = not_saved
 
-    def check_store(self, what): # the caller, for the message: `CheckpointCallback(fname=...)`
-        "`check_writable(self.store, what)`; where a pickle left out options, the message says how to give them"
-        try: check_writable(self.store, what)
+    def check_storage(self, what): # the caller, for the message: `CheckpointCallback(fname=...)`
+        "`check_writable(self.storage, what)`; where a pickle left out the storage or its options, the message says how to give them"
+        try: check_writable(self.storage, what)
         except CheckpointError as e:
-            if not self.options_not_saved: raise
-            raise CheckpointError(f"{e} (its storage_options {', '.join(self.options_not_saved)} are never saved with the Learner: set "
-                                  f"them again, `learn.{self.name}.storage_options = {{...}}`, or give them in the environment)") from None
+            if not self.not_saved: raise
+            attr = self.not_saved.split()[0]
+            raise CheckpointError(f"{e} (its {self.not_saved} never saved with the Learner: set {'it' if attr == 'storage' else 'them'} again, "
+                                  f"`learn.{self.name}.{attr} = {{...}}`, or give them in the environment)") from None
 
 # %% ../nbs/33_object_store.ipynb #7226b978
 class BackgroundUploads:
-    "Uploads in a thread of their own: what was saved locally sent by `send`, the newest `keep` of those pending first when the store answers"
+    "Uploads in a thread of their own: what was saved locally sent by `send`, the newest `keep` of those pending first when the store answers; each a future"
     def __init__(self, send, # send(name, also): upload `name` whole, or raise
-                 url, # where they go, for messages
-                 endpoint, # the store's endpoint, for messages
+                 storage, # where they go (its `where` and `endpoint`, for messages)
                  local, # where they are kept meanwhile, for messages
                  keep=None, # send the newest `keep` of those pending, older ones skipped (None: every one)
                  timeout=1800, # seconds the store may stay behind (an outage) before the uploads fail
-                 say=print): # how rank 0 tells the user the store is behind, and has caught up
-        store_attr()
-        self.pending,self.sending,self.also,self.failure,self.closed = [],[],(),None,False
-        self.behind_since,self.idle = None,threading.Condition()
-        self.thread = threading.Thread(target=self._run, name='ddp_safe_uploads', daemon=True)
-        self.thread.start()
+                 say=print, # how rank 0 tells the user the store is behind, and has caught up
+                 url=None): # what is sent, for messages (default: the storage's location)
+        store_attr(but='url')
+        self.url,self.endpoint = url or storage.where,storage.endpoint
+        self.pending,self.sending,self.also,self.failure,self.closed = [],[],(),None,False  # `pending`, `sending`: (name, future)
+        self.lag,self.idle = Behind(self.url, say, timeout, f"the training goes on, what it saves kept in {local}; "),threading.Condition()
+        self.thread = None
+        self._start()
+
+    def _start(self):
+        "Start the thread that sends, unless it runs (again: a closed one ends once nothing is pending, and a commit in the background may hand over one more)"
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._run, name='ddp_safe_uploads', daemon=True)
+            self.thread.start()
 
     def add(self, name, # what was just saved locally (a checkpoint, a file)
             also=()): # what `send` is also given (the checkpoints the store never rotates out)
-        "Send `name` when the store answers; the newest `keep` of those pending are sent, older ones skipped"
+        "Send `name` when the store answers: a `Future` of its upload (`name` once in the store, None if a newer one made it unneeded, or the uploads' failure)"
+        fut = Future()
         with self.idle:
-            self.pending.append(name); self.also = also; self.idle.notify_all()
-            if self.sending: self._behind(f"{name} committed while {self.sending[-1]} is still being sent")
+            if self.failure is not None: fut.set_exception(self.failure); return fut
+            self.pending.append((name, fut)); self.also = also; self.idle.notify_all()
+            if self.sending: self.lag.failed(f"{name} committed while {self.sending[-1][0]} is still being sent")
+            self._start()
+        return fut
 
     def pinned(self):
-        "The checkpoints still to be sent: the local rotation keeps them"
-        with self.idle: return {*self.pending, *self.sending}
+        "The names still to be sent: the local rotation keeps them"
+        with self.idle: return {n for n,_ in self.pending + self.sending}
 
     def _run(self):
         while True:
             with self.idle:
                 while not (self.pending or self.closed): self.idle.wait()
-                if not self.pending: return
-                newest = list(dict.fromkeys(reversed(self.pending)))[:self.keep]  # a file saved again is sent once
-                self.sending,self.pending = newest[::-1],[]
-            try: sent = all(self._send(n) for n in self.sending)
-            except CheckpointError as e: self._fail(e); return
+                if not self.pending: self.thread = None; return
+                newest = {}
+                for n,f in reversed(self.pending):  # a file saved again is sent once; older ones beyond `keep` are skipped
+                    if n not in newest and (self.keep is None or len(newest) < self.keep): newest[n] = f
+                    else: f.set_result(None)
+                self.sending,self.pending = list(newest.items())[::-1],[]
+            try: sent = all(self._send(n) for n,_ in self.sending)
+            except CheckpointError as e: return self._fail(e)
             with self.idle:
                 if not sent: self.pending = self.sending + self.pending  # the newest of them are sent when the store answers again
-                elif not self.pending and self.behind_since is not None:  # said before `wait` returns
-                    self.say(f"{self.url} has caught up: {self.sending[-1]} uploaded, after {time.monotonic()-self.behind_since:.0f}s behind")
-                    self.behind_since = None
+                else:
+                    for n,f in self.sending: f.set_result(n)
+                    if not self.pending: self.lag.caught_up(self.sending[-1][0])  # said before `wait` returns
                 self.sending = []
                 self.idle.notify_all()
 
@@ -145,53 +156,51 @@ class BackgroundUploads:
         try: self.send(name, self.also); return True
         except Exception as e:
             if will_not_pass(e): raise CheckpointError(self._why(e)) from e
-            self._behind(describe(e).splitlines()[0])
-            if time.monotonic() - self.behind_since > self.timeout:
-                raise CheckpointError(self._why(e, f"still after {self.timeout:g}s (upload_timeout)")) from e
+            self.lag.failed(describe(e).splitlines()[0])
+            if self.lag.seconds() > self.timeout: raise CheckpointError(self._why(e, f"still after {self.timeout:g}s (upload_timeout)")) from e
             time.sleep(1)
             return False
-
-    def _behind(self, why):
-        "Say once that the store is behind, and why"
-        if self.behind_since is not None: return
-        self.behind_since = time.monotonic()
-        self.say(f"{self.url} is behind ({why}): the training goes on, what it saves kept in {self.local}; "
-                 f"the uploads go on trying for up to {self.timeout:g}s")
 
     def _why(self, e, after=''):
         return upload_failure(self.url, self.endpoint, e, after) + f"; what was saved is kept in {self.local}, and the bucket keeps what it had"
 
     def _fail(self, e):
-        with self.idle: self.failure,self.pending,self.sending = str(e),[],[]; self.idle.notify_all()
+        "The uploads end with `e`: every future not done ends with it, and so does each one added later"
+        with self.idle:
+            self.failure = e
+            for _,f in self.pending + self.sending: f.set_exception(e)
+            self.pending,self.sending = [],[]
+            self.idle.notify_all()
 
     def behind(self):
-        "Are checkpoints still to be sent?"
+        "Are uploads still to be sent?"
         with self.idle: return bool(self.pending or self.sending) and self.failure is None
 
-    def wait(self, timeout=None):
-        "Wait until every pending checkpoint is in the store, or the uploads failed, or `timeout` seconds passed; the failure, or None"
+    def wait(self, timeout=None): # seconds to wait at most (None: until they are done)
+        "Wait until every pending upload is in the store: True; False if `timeout` passed first; the uploads' failure raised"
         end = None if timeout is None else time.monotonic() + timeout
         with self.idle:
             while (self.pending or self.sending) and self.failure is None:
                 left = None if end is None else end - time.monotonic()
-                if left is not None and left <= 0: break
+                if left is not None and left <= 0: return False
                 self.idle.wait(left)
-            return self.failure
+            if self.failure is not None: raise self.failure
+            return True
 
     def close(self):
         "End the thread once nothing is pending (a fit that raised leaves its uploads going until then)"
         with self.idle: self.closed = True; self.idle.notify_all()
 
 # %% ../nbs/33_object_store.ipynb #ce444fd4
-def checkpoint_uploads(store, # an `ObjectStoreDir`
+def checkpoint_uploads(stored, # a `StoredCheckpoints` (of a store)
                        root, # the local directory the checkpoints are committed in
                        keep=2, # how many complete checkpoints the store keeps, the newest
                        keep_best=0, # also keep the `keep_best` best by their monitored metric
                        timeout=1800, # seconds the store may stay behind before the uploads fail
                        say=print): # how rank 0 tells the user the store is behind, and has caught up
-    "`BackgroundUploads` of the checkpoints committed under `root`, each uploaded as it was committed (`ObjectStoreDir.upload`)"
-    def send(name, also): store.upload(Path(root)/name, keep, keep_best, also)
-    return BackgroundUploads(send, store.url, store.endpoint, root, keep, timeout, say)
+    "`BackgroundUploads` of the checkpoints committed under `root`, each uploaded as it was committed (`StoredCheckpoints.upload`)"
+    def send(name, also): stored.upload(Path(root)/name, keep, keep_best, also)
+    return BackgroundUploads(send, stored.storage, root, keep, timeout, say)
 
 # %% ../nbs/33_object_store.ipynb #d6ae0c52
 def finish_uploads(uploads, # this rank's `BackgroundUploads` (rank 0's), or None
@@ -202,10 +211,19 @@ def finish_uploads(uploads, # this rank's `BackgroundUploads` (rank 0's), or Non
     why = None
     if uploads is not None:
         if uploads.behind(): say(f"waiting for {uploads.url} to catch up, for up to {timeout:g}s (upload_timeout)")
-        why = uploads.wait(timeout)
-        if why is None and uploads.behind(): why = f"upload to {uploads.url} (endpoint {uploads.endpoint}) not done after {timeout:g}s (upload_timeout)"
+        try:
+            if not uploads.wait(timeout): why = f"upload to {uploads.url} (endpoint {uploads.endpoint}) not done after {timeout:g}s (upload_timeout)"
+        except CheckpointError as e: why = str(e)  # one rank's failure, in words for the others
         uploads.close()
-    raise_failures(exchange(why, f"{what} uploads", timeout + distrib_timeout()), what)
+    raise_any_failure(why, f"{what} uploads", what, timeout + distrib_timeout())
+
+# %% ../nbs/33_object_store.ipynb #3e699036
+def upload_file(file, # a local file
+                url, # where it goes: `s3://bucket/key`, any URL the registry knows
+                storage_options=None): # the fsspec file system's options
+    "Upload `file` to `url` whole (an object is seen whole or not at all), with retries; `CheckpointError` if it cannot be"
+    where,_,name = url.rstrip('/').rpartition('/')
+    storage_for(where, storage_options).put_file(file, name)
 
 # %% ../nbs/33_object_store.ipynb #f1c36fc2
-_all_ = ['upload_file', 'FsspecStorage']
+_all_ = ['FsspecStorage']

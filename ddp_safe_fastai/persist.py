@@ -9,14 +9,18 @@ from functools import partial
 from pathlib import Path
 import torch
 from fastcore.meta import delegates
-from .core import *
-from .files import *
-from .written import *
-from .transport import RemoteFiles, will_not_pass, upload_failure
-from .matching import *
-from .background import *
-from .directories import *
-from .reads import *
+from .errors import CheckpointError, describe
+from .ranks import check_scope, distrib_timeout
+from .rendezvous import group_store, is_main_process, join_launched_group
+from .core import raise_any_failure, sync_point
+from .files import atomic_write, state_bytes
+from .written import last_written, link_written, remove_tree, replaced_since_written, unlink_written, written_files
+from .transport import Behind, upload_failure, will_not_pass
+from .matching import call_site, save_matching, save_prefix, SaveMatching, wait_for_writer
+from .background import (background_saves, BackgroundSaves, flush_saves, host_copy, SaveHandle, stage_for_save,
+                         tensors_in, wait_for_copies)
+from .directories import dir_is_shared, once_per_disk, prepare_dir
+from .reads import fastai_torch_load, is_torch_zip, load_state, read_on_all, split_kwargs
 
 # %% auto #0
 __all__ = ['check_not_replaced', 'and_upload', 'save_on_main', 'save_state', 'save_matching', 'background_saves', 'call_site',
@@ -27,24 +31,18 @@ __all__ = ['check_not_replaced', 'and_upload', 'save_on_main', 'save_state', 'sa
 
 # %% ../nbs/14_persist.ipynb #312d41f2
 def write_file(file, write, durable, needed=None):
-    "On the main process: write `file` through `write`, atomically, and note it as this process's; None, or why it failed"
-    try: atomic_write(file, write, durable, needed)
-    except CheckpointError as e: return str(e)
+    "On the main process: write `file` through `write`, atomically, and note it as this process's; `CheckpointError` if it cannot be"
+    atomic_write(file, write, durable, needed)
     written_files.note(file)  # in the order of the writes: `last_written`
 
 # %% ../nbs/14_persist.ipynb #ec49e5f9
 def _publishing(job, key, what):
-    "`job()` on the main process, its outcome set under `key` in the store for the other ranks whatever happens; the failure, or None"
+    "`job()` on the main process, its outcome set under `key` in the store for the other ranks whatever happens: its failure, in words; then raised here"
     failure = f"{what}: interrupted"
-    try: failure = job()
+    try: job(); failure = None
+    except CheckpointError as e: failure = str(e); raise
     finally:
         if key: group_store().set(key, pickle.dumps(failure))
-    return failure
-
-# %% ../nbs/14_persist.ipynb #57d80968
-def _raise_failure(failure):
-    "The same error on every rank: the main process's failure to write a file"
-    if failure: raise CheckpointError(failure)
 
 # %% ../nbs/14_persist.ipynb #b07f673b
 def check_not_replaced(file, # the file this run saved and is about to read back
@@ -55,35 +53,33 @@ def check_not_replaced(file, # the file this run saved and is about to read back
     file = Path(file).absolute()
     background_saves.finish(timeout, file)
     why = replaced_since_written(file) if is_main_process(check_scope(scope)) else None
-    raise_failures(exchange(why, f"{what} {file.name} (written by this run?)", timeout), f"{what} {file}")
+    raise_any_failure(why, f"{what} {file.name} (written by this run?)", f"{what} {file}", timeout)
 
 # %% ../nbs/14_persist.ipynb #9416241d
 def and_upload(write, # writes the file's content to the path it is given
-               url, # where the file also goes: `s3://bucket/key`, any fsspec URL
-               storage_options=None, # the fsspec file system's options
+               storage, # where the file also goes: a `storage.CheckpointStorage` (its `put_file`, `where` and `endpoint`)
+               name, # its name there
                upload_timeout=1800, # seconds the store may stay behind (an outage) before the upload fails
                say=print): # how the writer says the store is behind, and has caught up
-    "`write`, then an upload of what it wrote to `url`, tried for up to `upload_timeout` seconds: the local file is put in place only once the upload is whole"
+    "`write`, then an upload of what it wrote to `storage` as `name`, tried for up to `upload_timeout` seconds: the local file is put in place only once the upload is whole"
+    url = f"{storage.where}/{name}"
     def write_and_upload(tmp):
         write(tmp)
-        remote,behind_since = RemoteFiles(url, storage_options, upload_timeout),[]
-        def failed(e):
-            behind_since.append(time.monotonic())
-            say(f"{url} is behind ({describe(e).splitlines()[0]}): the upload goes on trying for up to {upload_timeout:g}s (upload_timeout)")
-        try: remote.put(tmp, failed=failed)
+        lag = Behind(url, say, upload_timeout)
+        try: storage.put_file(tmp, name, until=time.monotonic() + upload_timeout, failed=lambda e: lag.failed(describe(e).splitlines()[0]))
         except CheckpointError as e:
             if will_not_pass(e): raise
-            raise CheckpointError(upload_failure(url, remote.endpoint, e.__cause__, f"still after {upload_timeout:g}s (upload_timeout)")
+            raise CheckpointError(upload_failure(url, storage.endpoint, e.__cause__, f"still after {upload_timeout:g}s (upload_timeout)")
                                   + "; the bucket keeps what it had") from e
-        if behind_since: say(f"{url} has caught up: uploaded after {time.monotonic()-behind_since[0]:.0f}s behind")
+        lag.caught_up(name)
     return write_and_upload
 
 # %% ../nbs/14_persist.ipynb #812f3e61
 def run_on_main(file, # what the job makes (a file; a checkpoint directory's `latest`): the same name on every rank
-                job, # the main process's work: returns None, or why it failed (a message)
+                job, # the main process's work: raises `CheckpointError` if it fails
                 scope='global', # 'global': rank 0 runs it; 'node': local rank 0 of each node
                 timeout=None, # seconds to wait for the main process (default: `DDP_SAFE_TIMEOUT`)
-                async_save=False, # run it in the writer's thread and return a `SaveHandle` at once
+                async_save=False, # run it in the background writer's thread and return a `SaveHandle` at once
                 staged=None): # with `async_save`, on the main process: the `StagedState` the job writes (`stage_for_save`)
     "Run `job` on the main process alone; every rank that calls it raises its failure; `file`, or a `SaveHandle`"
     file,scope = Path(file).absolute(),check_scope(scope)
@@ -98,12 +94,12 @@ def run_on_main(file, # what the job makes (a file; a checkpoint directory's `la
         key = save_matching.note_write(prefix, file.name, at, site, idx) if at else None
         run = partial(_publishing, job, key, f"could not write {file}")
         if async_save: return background_saves.write(file, run, staged)
-        _raise_failure(run())
+        run()
     elif at:
         # by name: ranks may reach one file by different paths (node mounts)
         match = (prefix, file.name, file, at, site, idx)
         if async_save: return background_saves.expect(file, match)
-        _raise_failure(wait_for_writer(*match, timeout))
+        if (failure := wait_for_writer(*match, timeout)): raise CheckpointError(failure)  # the main process's, in its words
     return file
 
 # %% ../nbs/14_persist.ipynb #573dc655

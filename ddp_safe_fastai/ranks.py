@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 # %% auto #0
 __all__ = ['run_group', 'env_int', 'Topology', 'slurm_step', 'launched_world', 'RunGroup', 'rank_distrib', 'num_distrib',
-           'check_scope', 'distrib_timeout', 'restart_attempt', 'run_prefix', 'local_io', 'group_ready']
+           'say_on_rank0', 'check_scope', 'distrib_timeout', 'restart_attempt', 'run_prefix', 'local_io', 'group_ready']
 
 # %% ../nbs/01_ranks.ipynb #49dc1920
 def env_int(names, default=0):
@@ -94,6 +94,12 @@ def rank_distrib():
 def num_distrib():
     "Number of processes in the run (0 outside distributed training, as in fastai)"
     return run_group.world()[1]
+
+# %% ../nbs/01_ranks.ipynb #b3a1c0de
+def say_on_rank0(who, # who speaks: `CheckpointCallback`
+                 msg): # what it says
+    "Print `who: msg` on rank 0 alone, at once (flushed): a message every rank would otherwise repeat"
+    if rank_distrib() == 0: print(f"{who}: {msg}", flush=True)
 
 # %% ../nbs/01_ranks.ipynb #b2ff18e4
 _scopes = ('global', 'node')

@@ -11,7 +11,10 @@ import numpy as np, torch, torch.distributed as dist
 from fastcore.basics import *
 from fastcore.foundation import L
 from fastcore.meta import delegates
-from .core import *
+from .errors import CheckpointError, DistributedTimeoutError, error_for, FileMissing
+from .ranks import check_scope, local_io, rank_distrib
+from .rendezvous import join_launched_group, rank_device, topology
+from .core import exchange, raise_any_failure
 from .background import background_saves
 from .directories import dir_is_shared
 
@@ -103,7 +106,7 @@ def read_on_all(file, # the file to read
     # the all-gathers are named by the file name: on node-local disks the directory may differ from node to node
     name = f"{what} {file.name}"
     res,failure = _read(_source(file, name, scope, timeout), read)
-    raise_failures(exchange(failure, name+' (outcome)', timeout), f"{what} {file}")
+    raise_any_failure(failure, name+' (outcome)', f"{what} {file}", timeout)
     return res
 
 # %% ../nbs/13_reads.ipynb #3c45963b

@@ -9,9 +9,10 @@ from contextlib import contextmanager
 from datetime import timedelta
 import torch, torch.distributed as dist
 from accelerate import PartialState
-from .errors import *
-from .ranks import *
-from .store_gather import *
+from .errors import RendezvousError, StoreUnreachableError
+from .ranks import (check_scope, distrib_timeout, env_int, launched_world, num_distrib, rank_distrib, run_group,
+                    run_prefix, slurm_step, Topology)
+from .store_gather import gathers, waiting_up_to
 
 # %% auto #0
 __all__ = ['store_outlives_ranks', 'launcher_may_die_first', 'group_store', 'first_host', 'slurm_master', 'share_launch_env',

@@ -4,12 +4,14 @@
 
 # %% ../nbs/46_signals.ipynb #648a34ff
 from __future__ import annotations
-import os, math, time, select, signal, threading, subprocess
+import os, math, time, shutil, select, signal, threading, subprocess
 from fastcore.basics import *
-from .core import *
+from .ranks import rank_distrib, run_group
+from .rendezvous import group_store
+from .core import broadcast_object
 
 # %% auto #0
-__all__ = ['PREEMPTED', 'SignalWatch', 'slurm_job', 'requeue_slurm_job']
+__all__ = ['PREEMPTED', 'SignalWatch', 'slurm_job', 'RequeueError', 'requeue_slurm_job', 'StopOnSignal']
 
 # %% ../nbs/46_signals.ipynb #b83f39ac
 PREEMPTED = 75  # exit status of a run that a signal stopped after its checkpoint (sysexits' EX_TEMPFAIL: try again)
@@ -75,12 +77,51 @@ def slurm_job():
     if os.environ.get('SLURM_ARRAY_TASK_ID'): return f"{os.environ['SLURM_ARRAY_JOB_ID']}_{os.environ['SLURM_ARRAY_TASK_ID']}"
     return os.environ.get('SLURM_JOB_ID')
 
+# %% ../nbs/46_signals.ipynb #fc9eb4d0
+class RequeueError(RuntimeError):
+    "SLURM did not requeue the job: the message says why"
+
 # %% ../nbs/46_signals.ipynb #fc9eb4de
 _scontrol_timeout = 30  # seconds: the controller answers at once, or is down
 
 def requeue_slurm_job(job):
-    "Ask SLURM to run `job` again from the start of its script: None, or why it did not"
-    try: p = subprocess.run(['scontrol', 'requeue', job], capture_output=True, text=True, timeout=_scontrol_timeout)
-    except FileNotFoundError: return "scontrol is not on this task's PATH (a container?)"
-    except subprocess.TimeoutExpired: return f"scontrol requeue did not answer within {_scontrol_timeout}s"
-    return None if p.returncode == 0 else ' '.join((p.stderr or p.stdout).split()) or f"scontrol exited with {p.returncode}"
+    "Ask SLURM to run `job` again from the start of its script; `RequeueError` saying why if it does not"
+    if shutil.which('scontrol') is None: raise RequeueError("scontrol is not on this task's PATH (a container?)")
+    # SLURM stops the job's steps as it requeues it, `scontrol` among their processes: it ignores SIGTERM, to say how it went
+    cmd = ['/bin/sh', '-c', 'trap "" TERM; exec scontrol requeue "$0"', job]
+    try: p = subprocess.run(cmd, capture_output=True, text=True, timeout=_scontrol_timeout)
+    except subprocess.TimeoutExpired: raise RequeueError(f"scontrol requeue did not answer within {_scontrol_timeout}s") from None
+    if p.returncode != 0: raise RequeueError(' '.join((p.stderr or p.stdout).split()) or f"scontrol exited with {p.returncode}")
+
+# %% ../nbs/46_signals.ipynb #fc9eb4df
+class StopOnSignal:
+    "The stop on a signal, for a fit: SIGTERM or SIGUSR1 to any rank has every rank stop after one same batch (`SignalWatch`); then a SLURM job is requeued, or the user runs the command again"
+    def __init__(self, learn, # the Learner, as its fit starts
+                 key, # the store key of this fit's stop (`SignalWatch`)
+                 requeue=True): # under SLURM: requeue the job once the checkpoint is saved
+        self.watch,self.requeue = SignalWatch(learn, key),requeue
+
+    def batch_done(self, train_iter): # the training batches of the run done, this one included
+        "After a training batch: is it the one every rank stops after?"
+        self.watch.batch_done()
+        return self.watch.stop_at is not None and train_iter >= self.watch.stop_at
+
+    @property
+    def how(self): return signal.Signals(self.watch.signum).name if self.watch.signum else 'a signal to another rank'
+
+    def what_next(self):
+        "What happens once every rank has checkpointed, the same words on every rank: the main process requeues a SLURM job, or the user runs the command again"
+        job = slurm_job() if self.requeue else None
+        if job is None: return f"exit status {PREEMPTED}: run the same command to resume"
+        why = None
+        if rank_distrib() == 0:
+            try: requeue_slurm_job(job)
+            except RequeueError as e: why = str(e)
+        why = broadcast_object(why, what='CheckpointCallback requeue')  # the main process's outcome, in words
+        if why is None: return f"SLURM job {job} requeued: it resumes from this checkpoint when it runs again"
+        return (f"SLURM job {job} was not requeued ({why}): requeue it with `scontrol requeue {job}` or submit it again "
+                f"to resume; exit status {PREEMPTED}")
+
+    def close(self):
+        "Give back the signals"
+        self.watch.close()

@@ -5,9 +5,10 @@
 # %% ../nbs/02_store_gather.ipynb #3451c728
 from __future__ import annotations
 import os, pickle, socket, threading, queue, atexit
+from concurrent.futures import Future
 from contextlib import contextmanager, suppress
 from datetime import timedelta
-from .errors import *
+from .errors import DistributedTimeoutError
 
 # %% auto #0
 __all__ = ['key_cleanup', 'gathers', 'waiting_up_to', 'KeyCleanup', 'meet', 'AllGathers']
@@ -69,26 +70,28 @@ def _expand(distinct, where):
 # %% ../nbs/02_store_gather.ipynb #6228c737
 class KeyCleanup:
     "Removes, in a thread of its own, the keys that no all-gather reads any more; the last all-gather rank 0 held in each store that outlives the ranks"
-    def __init__(self): self.queue,self.thread,self.last = queue.Queue(),None,{}
+    def __init__(self): self.queue,self.thread,self.last,self.newest = queue.Queue(),None,{},None
 
     def delete_later(self, store, keys):
-        "Remove `keys` from `store` in the background; `join` waits for it"
-        self.queue.put((store, list(keys)))
+        "Remove `keys` from `store` in the background: a `Future`, done once they are (a store gone with the run counts as done)"
+        done = Future()
+        self.queue.put((store, list(keys), done)); self.newest = (os.getpid(), done)
         if self.thread is None or not self.thread.is_alive(): # also in a child forked after the thread started
             self.thread = threading.Thread(target=self._delete_forever, daemon=True, name='ddp_safe_fastai: old store keys')
             self.thread.start()
+        return done
 
     def _delete_forever(self):
         "Remove the keys handed to `delete_later`, one message each, as they come, until told to stop (None)"
         while (item := self.queue.get()) is not None:
-            store,keys = item
+            store,keys,done = item
             for k in keys:
                 with suppress(Exception): store.delete_key(k) # else the store went with the run
-            self.queue.task_done()
+            done.set_result(len(keys))
 
-    def join(self):
-        "Wait until the keys handed over so far are removed"
-        self.queue.join()
+    def join(self, timeout=None):
+        "Wait until the keys handed over so far are removed (one thread removes them in order: the newest is the last)"
+        if self.newest is not None and self.newest[0] == os.getpid(): self.newest[1].result(timeout)  # not a parent's, before a fork
 
     def stop(self, timeout=10):
         "Let the removals end before the interpreter does: a thread still inside the store's C++ code then aborts the process"

@@ -6,7 +6,6 @@
 from __future__ import annotations
 import torch
 from fastcore.basics import *
-from .launch import *
 
 # %% auto #0
 __all__ = ['Rows', 'synth_learner', 'synth_text_learner']

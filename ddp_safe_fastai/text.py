@@ -12,12 +12,13 @@ from fastcore.basics import *
 from fastai.torch_core import get_model
 from fastai.learner import Learner, join_path_file
 from fastcore.meta import delegates
-from .core import *
 from .files import atomic_write
-from .persist import *
-from .learner import load_device, model_file
-from .fastai_imports import fastai_original, fastai_defaults_kept, rebind_fastai
+from .fastai_imports import fastai_defaults_kept, fastai_original, rebind_fastai
+from .directories import once_per_disk
+from .reads import load_state, read_on_all
+from .persist import save_on_main, save_state
 from .resume import deal
+from .learner import load_device, model_file
 with fastai_defaults_kept():
     import fastai.text.core
     from fastai.text.core import fn_counter_pkl, SentencePieceTokenizer

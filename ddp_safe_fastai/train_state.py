@@ -7,15 +7,15 @@ from __future__ import annotations
 import random, hashlib, warnings
 from pathlib import Path
 import numpy as np, torch
-from fastcore.basics import *
 from fastcore.foundation import L
 from fastai.torch_core import get_model
 from fastai.learner import Learner
-from .core import *
+from .errors import CheckpointError
+from .ranks import num_distrib
+from .fastai_imports import fastai_defaults_kept
 from .background import tensors_in
 from .reads import load_state
-from .fastai_imports import fastai_defaults_kept
-from .resume import *
+from .resume import deal, epoch_remainder, resume_pass, ResumePoint, resuming, share_batches
 from .manifest import FORMAT
 with fastai_defaults_kept():
     from fastai.callback.tracker import TrackerCallback

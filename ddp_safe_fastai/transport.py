@@ -4,17 +4,15 @@
 
 # %% ../nbs/08_transport.ipynb #2f0f5e9f
 from __future__ import annotations
-import os, time, shutil, secrets
-from functools import partial
-from pathlib import Path
+import os, time, secrets
 from fastcore.basics import *
 from fastcore.imports import noop
-from .errors import *
+from .errors import CheckpointError, describe
 from .ranks import distrib_timeout
-from .files import atomic_write
+from .locations import url_scheme
 
 # %% auto #0
-__all__ = ['will_not_pass', 'retrying', 'RemoteFiles', 'upload_file', 'upload_failure', 'download_file']
+__all__ = ['will_not_pass', 'retrying', 's3_defaults', 'bound_s3_requests', 'RemoteFiles', 'upload_failure', 'Behind']
 
 # %% ../nbs/08_transport.ipynb #2578723a
 # fsspec's backends raise OSErrors for most failures; Azure's SDK raises its own, with the HTTP status
@@ -53,16 +51,14 @@ def retrying(f, # what to do: no arguments
 # %% ../nbs/08_transport.ipynb #40d55d91
 _s3_checksums = dict(request_checksum_calculation='when_required', response_checksum_validation='when_required')
 
-def _store_defaults(scheme):
-    "The fsspec options of a store that the user's `storage_options` override: s3fs and adlfs fail fast, s3fs's checksums left to the manifest"
-    if scheme in ('az', 'abfs', 'abfss'): return dict(connection_timeout=5, read_timeout=20)
-    if scheme != 's3': return {}
+def s3_defaults():
+    "s3fs's options that the user's `storage_options` go over: it fails fast (5 s to connect, 20 s to read, 2 attempts), its checksums left to the manifest"
     from botocore.config import Config  # s3fs's client
     checksums = _s3_checksums if set(_s3_checksums) <= set(Config.OPTION_DEFAULTS) else {}  # botocore 1.36 and later
     return dict(config_kwargs=dict(connect_timeout=5, read_timeout=20, retries=dict(max_attempts=2), **checksums))
 
 # %% ../nbs/08_transport.ipynb #a5ac3fbf
-def _bounded_requests(fs):
+def bound_s3_requests(fs):
     "s3fs's file system `fs`, each of its requests ended within the read timeout: one try of s3fs's, no `Expect: 100-continue`"
     from botocore.handlers import add_expect_header
     fs.retries = 1
@@ -96,16 +92,27 @@ class RemoteFiles:
                  retry_for=None): # seconds an upload or download goes on trying (default: see above)
         import fsspec  # only object storage needs it
         self.url = url.rstrip('/')
-        scheme = self.url.split('://')[0]
-        try: self._fs,self.root = fsspec.core.url_to_fs(self.url, **_merged(_store_defaults(scheme), storage_options or {}))
+        try: self._fs,self.root = fsspec.core.url_to_fs(self.url, **_merged(self.fs_defaults(), storage_options or {}))
         except (ImportError, ValueError) as e: raise CheckpointError(f"{self.url}: {describe(e)}") from e
-        self._bound = _bounded_requests if scheme == 's3' else noop
+        self._bounded = False
         self.retry_for = ifnone(retry_for, float(os.environ.get('DDP_SAFE_UPLOAD_RETRY', min(_retry_default, distrib_timeout()/2))))
+
+    def fs_defaults(self):
+        "The file system's options that the user's `storage_options` go over: none here; a store's class says its own (`s3_defaults`)"
+        return {}
+
+    def bound(self, fs):
+        "`fs`, each of its requests made to end within its timeouts: as it is here; a store's class says how (`bound_s3_requests`)"
+        return fs
+
+    def default_endpoint(self):
+        "Where requests go when the options name no endpoint, for messages: the scheme's default"
+        return f"{url_scheme(self.url)}'s default endpoint"
 
     @property
     def fs(self):
-        "The fsspec file system, its requests bounded (`_bounded_requests`) from its first use on: a rank that never uses it makes no client"
-        self._bound(self._fs); self._bound = noop
+        "The fsspec file system, its requests bounded (`bound`) from its first use on: a rank that never uses it makes no client"
+        if not self._bounded: self._fs,self._bounded = self.bound(self._fs),True
         return self._fs
 
     def __repr__(self): return f"{type(self).__name__}({self.url!r})"
@@ -115,14 +122,11 @@ class RemoteFiles:
 
     @property
     def endpoint(self):
-        "The endpoint the file system talks to, for messages: its URL where it has one, else the scheme's default"
+        "The endpoint the file system talks to, for messages: its URL where it has one, else `default_endpoint`"
         fs = self.fs
         given = (getattr(fs, 'endpoint_url', None) or (getattr(fs, 'client_kwargs', None) or {}).get('endpoint_url')
                  or getattr(fs, 'account_url', None))
-        if given: return given
-        scheme = self.url.split('://')[0]
-        if scheme == 's3' and (env := os.environ.get('AWS_ENDPOINT_URL_S3') or os.environ.get('AWS_ENDPOINT_URL')): return env
-        return f"{scheme}'s default endpoint"
+        return given or self.default_endpoint()
 
     def check(self):
         "Raise `CheckpointError`, naming the URL, unless a file can be written and removed there: an endpoint that answers, a bucket, credentials"
@@ -154,13 +158,6 @@ class RemoteFiles:
         self.fs.invalidate_cache()
         return self.fs.exists(self.root)
 
-# %% ../nbs/08_transport.ipynb #3e699036
-def upload_file(file, # a local file
-                url, # where it goes: `s3://bucket/key`, any fsspec URL
-                storage_options=None): # the fsspec file system's options
-    "Upload `file` to `url` whole (an object is seen whole or not at all), with retries; `CheckpointError` if it cannot be"
-    RemoteFiles(url, storage_options).put(file)
-
 # %% ../nbs/08_transport.ipynb #451cba11
 def upload_failure(url, # where the upload went
                    endpoint, # the store's endpoint (`RemoteFiles.endpoint`)
@@ -169,12 +166,27 @@ def upload_failure(url, # where the upload went
     "The words of a failed upload to `url`, naming its endpoint"
     return f"upload to {url} (endpoint {endpoint}) failed{', ' + after if after else ''}: {describe(e).splitlines()[0]}"
 
-# %% ../nbs/08_transport.ipynb #57c12c28
-def download_file(url, # the file: `s3://bucket/key`, any fsspec URL
-                  file, # the local file it becomes
-                  storage_options=None): # the fsspec file system's options
-    "Download `url` to `file`, put in place whole (`files.atomic_write`), with retries; `CheckpointError` if it cannot be"
-    def copy(src, tmp):
-        with open(tmp, 'wb') as f: shutil.copyfileobj(src, f)
-    remote = RemoteFiles(url, storage_options)
-    atomic_write(Path(file), lambda tmp: remote.reading(partial(copy, tmp=tmp)))
+# %% ../nbs/08_transport.ipynb #b3f0a7e1
+class Behind:
+    "Tells the user once that uploads to `url` are behind (a failure that may pass), and once more when they have caught up"
+    def __init__(self, url, # where the uploads go
+                 say, # how the user is told: `say(message)`
+                 timeout, # seconds the uploads go on trying (`upload_timeout`), for the message
+                 meanwhile=''): # what goes on meanwhile, for the message: `the training goes on; `
+        store_attr(); self.since = None
+
+    def failed(self, why): # the failure, in a line
+        "Say, the first time, that the store is behind and why; note since when"
+        if self.since is not None: return
+        self.since = time.monotonic()
+        self.say(f"{self.url} is behind ({why}): {self.meanwhile}the uploads go on trying for up to {self.timeout:g}s (upload_timeout)")
+
+    def caught_up(self, what): # what was uploaded last: `epoch_0006`, `export.pkl`
+        "Say, if the store was behind, that it has caught up, and after how long"
+        if self.since is None: return
+        self.say(f"{self.url} has caught up: {what} uploaded, after {time.monotonic()-self.since:.0f}s behind")
+        self.since = None
+
+    def seconds(self):
+        "How long the store has been behind: 0 if it is not"
+        return 0 if self.since is None else time.monotonic() - self.since

@@ -13,10 +13,13 @@ from fastcore.meta import delegates
 import fastai.data.external
 from fastai.callback.core import GatherPredsCallback
 from fastai.learner import replacing_yield
-from .core import *
-from .persist import once_per_disk
-from .fastai_imports import fastai_original, fastai_defaults_kept, rebind_fastai, when_imported
-from .learner import *
+from .errors import describe
+from .ranks import run_group
+from .rendezvous import is_main_process, join_launched_group
+from .core import distrib_barrier, main_process_first, raise_any_failure
+from .fastai_imports import fastai_defaults_kept, fastai_original, rebind_fastai, when_imported
+from .directories import once_per_disk
+from .learner import save_learner
 with fastai_defaults_kept():
     from fastai.callback.schedule import LRFinder
     from fastai.callback.progress import CSVLogger
@@ -39,7 +42,7 @@ def _lrfinder_before_fit(self:LRFinder):
     "fastai's `before_fit`; under DDP the model and optimizer are kept in memory, not in a folder of each rank's"
     if not run_group.several: return _fastai_lrfinder_before_fit(self)
     super(LRFinder, self).before_fit()
-    self.saved = self.learn.save(io.BytesIO(), with_opt=True)
+    self.saved = save_learner(self.learn, io.BytesIO(), with_opt=True)  # its module's `Learner.load` reads it back
     self.best_loss = float('inf')
 
 # %% ../nbs/44_writers.ipynb #03a5b639
@@ -67,7 +70,7 @@ def _csv_before_fit(self:CSVLogger):
     if is_main_process():
         try: _fastai_csv_before_fit(self)
         except OSError as e: failure = describe(e)
-    raise_failures(exchange(failure, _log_name(self)), _log_name(self))
+    raise_any_failure(failure, _log_name(self))
 
 # %% ../nbs/44_writers.ipynb #305b80e0
 _fastai_csv_after_fit = fastai_original(CSVLogger, 'after_fit')

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os, shutil, threading
 from contextlib import suppress
 from pathlib import Path
-from .files import writer_of, write_token
+from .files import write_token, writer_of
 
 # %% auto #0
 __all__ = ['written_files', 'WrittenFiles', 'replaced_since_written', 'last_written', 'link_written', 'remove_tree',

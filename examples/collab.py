@@ -30,7 +30,7 @@ with learn.distrib_ctx():
 
 learn.export()
 inf = load_learner(path/'export.pkl')
-preds,_ = inf.get_preds(dl=inf.dls.test_dl(df.iloc[:1]))  # collab learners predict through a test DataLoader
+preds,_ = inf.get_preds(dl=inf.dls.test_dl(df.iloc[:2]))  # collab learners predict through a test DataLoader (of one row, fastai squeezes its output away)
 pred = round(preds[0].item(), 4)                   # the first user's rating of their first film
 dls.save()
 dls2 = load_dataloaders(path)

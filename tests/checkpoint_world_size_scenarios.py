@@ -3,6 +3,7 @@ test_checkpoint_dir.py): a fit that logs the samples it trains on and can stop o
 import os, json, time, importlib
 from pathlib import Path
 import torch
+import torch.distributed as dist
 from fastai.basics import Callback
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.persist import flush_saves
@@ -25,13 +26,20 @@ class SampleLog(Callback):
         with open(self.file, 'a') as f: f.write(json.dumps(line) + '\n')
 
 class StopAt(Callback):
-    "Once the checkpoint of `at` (epochs done, or an epoch and batches done in it) is written: `root/stop` appears, then wait"
+    """Once the checkpoint of `at` (epochs done, or an epoch and batches done in it) is written: `root/stop` appears, then
+    wait `wait` seconds (to be killed in), or with `wait='peer'` until another node is killed (a barrier fails: this
+    rank raises, for torchrun to restart it alone)"""
     order = 1001  # after `CheckpointCallback`
     def __init__(self, root, at, wait): self.root,self.at,self.wait = Path(root),at,wait
     def _stop(self):
         flush_saves()  # the checkpoint is written in the background: its commit is done
         if rank_distrib() == 0: (self.root/'stop').touch()
-        time.sleep(self.wait)  # to be killed in; or for a node to be killed, and then fail
+        if self.wait != 'peer': return time.sleep(self.wait)
+        end = time.monotonic() + 120
+        while True:  # until the barrier raises, as the peer's connection closes: its node was killed
+            dist.barrier()
+            assert time.monotonic() < end, f"premise: a node was killed within 120 s of {self.root/'stop'} (rank {rank_distrib()} still met every rank)"
+            time.sleep(0.05)
     def after_batch(self):
         if self.training and (self.epoch, self.iter+1) == self.at: self._stop()
     def after_epoch(self):

@@ -193,7 +193,7 @@ def check(programs, nproc, root, timeout=600):
     if bad: raise AssertionError('\n'.join(f"{o!r}\n{getattr(o, 'traceback', '')}" for o in bad))
     return [mismatches(ops, nproc, [o.value[k] for o in outs]) for k,ops in enumerate(programs)]
 
-def check_killed(programs, nproc, root, timeout=120):
+def check_killed(programs, nproc, root, timeout=240):
     "Run each of `programs` (ending with a killed writer) under `torchrun --max-restarts 1`; per program, its mismatches"
     from ddp_safe_fastai.launch import torchrun_ranks, free_port
     res = []

@@ -18,10 +18,10 @@ def fit_on_clock(root, minutes, slow_rank):
     "3 epochs of 32 batches with `CheckpointCallback(every_minutes=minutes)`, one rank slowed: when each rank checkpointed"
     learn = synth_learner(n=512, path=Path(root), seed=3)
     ckpt = CheckpointCallback(every_minutes=minutes, keep=100)
-    saves,save = [],ckpt._save
+    saves,save = [],ckpt._checkpoint
     def noted(*args, **kwargs):  # the batch and the moment of each checkpoint this rank takes part in
         saves.append((learn.train_iter, time.monotonic())); return save(*args, **kwargs)
-    ckpt._save = noted
+    ckpt._checkpoint = noted
     with learn.distrib_ctx(): learn.fit(3, 0.01, cbs=[ckpt, SlowRank(slow_rank, 0.02)])
     return dict(batches=[b for b,_ in saves], moments=[t for _,t in saves],
                 dirs=sorted(p.name for p in (Path(root)/'models'/'ckpt').iterdir() if p.is_dir()))

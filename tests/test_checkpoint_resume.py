@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import checkpoint_resume_scenarios as s
 from conftest import values, ranks
-from ddp_safe_fastai.checkpoint import latest_complete, is_complete
+from ddp_safe_fastai.checkpoint_dir import latest_complete, is_complete
 
 def _run(root, kill_when=None, hold_third_write=False):
     "`resume_fit` on two ranks; with `kill_when`, they wait after the fit for the kill, which then always lands"
@@ -22,14 +22,16 @@ def uninterrupted(tmp_path_factory, once):
     return once('checkpoint_resume.uninterrupted', run)
 
 def _after_second_checkpoint(root, frac):
-    "True `frac` epochs after the second checkpoint is complete (an epoch timed between the first two checkpoints)"
-    seen = {}
+    """True `frac` epochs after the second checkpoint was committed (an epoch timed between the first two commits): the
+    times are the run's own, its manifests' (each checkpoint's commit marker), noted while the rotation keeps them"""
+    committed = {}
     def check():
-        latest = Path(root)/'models/ckpt/latest'
-        if latest.is_file(): seen.setdefault(latest.read_text(), time.monotonic())
-        if 'epoch_0002' not in seen or 'epoch_0001' not in seen: return False
-        epoch = seen['epoch_0002'] - seen['epoch_0001']
-        return time.monotonic() - seen['epoch_0002'] >= frac * epoch
+        for name in ('epoch_0001', 'epoch_0002'):
+            try: committed.setdefault(name, (Path(root)/'models/ckpt'/name/'manifest.json').stat().st_mtime)
+            except FileNotFoundError: pass
+        if len(committed) < 2: return False
+        epoch = committed['epoch_0002'] - committed['epoch_0001']
+        return time.time() - committed['epoch_0002'] >= frac * epoch
     return check
 
 def _during_third_write(root):
@@ -42,7 +44,8 @@ def test_killed_at_random_resumes_bitwise(uninterrupted, tmp_path, trial):
     random.seed(trial)
     # two epochs remain after the second checkpoint: a kill within 1.8 epochs of it lands before the end, if the epochs
     # keep their pace, and otherwise after the fourth checkpoint: the resume from it is the run's end
-    assert _run(tmp_path, _after_second_checkpoint(tmp_path, random.uniform(0, 1.8))) is None  # killed
+    assert _run(tmp_path, _after_second_checkpoint(tmp_path, random.uniform(0, 1.8))) is None, \
+        "premise: the ranks were killed, timed from the commits of the first two checkpoints"
     assert latest_complete(tmp_path/'models/ckpt') is not None
     res = values(_run(tmp_path))
     assert res[0]['resumed_from'] in ('epoch_0002', 'epoch_0003', 'epoch_0004')
@@ -51,7 +54,7 @@ def test_killed_at_random_resumes_bitwise(uninterrupted, tmp_path, trial):
 def test_killed_during_checkpoint_write_resumes_bitwise(uninterrupted, tmp_path):
     "Every rank SIGKILLed while the third checkpoint is written: that checkpoint is incomplete and never used; the resume from the second ends bitwise the same"
     assert _run(tmp_path, _during_third_write(tmp_path), hold_third_write=True) is None
-    assert not is_complete(tmp_path/'models/ckpt/epoch_0003')  # the kill did land inside the write
+    assert not is_complete(tmp_path/'models/ckpt/epoch_0003'), "premise: the kill landed inside the third checkpoint's write"
     res = values(_run(tmp_path))
     assert res[0]['resumed_from'] == 'epoch_0002'   # the third checkpoint was incomplete: never used
     assert res[0]['sha'] == res[1]['sha'] == uninterrupted

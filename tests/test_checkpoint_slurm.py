@@ -13,9 +13,10 @@ pytestmark = pytest.mark.skipif(not os.environ.get('SLURM_CONF'), reason="needs 
 
 TORCHRUN = f"{sys.executable} -m torch.distributed.run --nproc_per_node 2 --master_addr 127.0.0.1 --master_port {{port}}"
 
-def submit(root, tasks=2, delay=0.0, partition='main', torchrun=None, tasks_requeued=None, requeue='--requeue'):
+def submit(root, tasks=2, delay=0.0, partition='main', torchrun=None, tasks_requeued=None, requeue='--requeue', hold_after=None):
     """Submit the training script as a batch job: `srun` starts `tasks` ranks (`tasks_requeued` once the job is requeued),
-    or one `torchrun` (its options given) that starts 2"""
+    or one `torchrun` (its options given) that starts 2; `hold_after`: in its first run, the ranks hold after that batch
+    until a signal's stop is agreed (no "no progress" exit while they wait)"""
     root.mkdir(parents=True, exist_ok=True)
     script = root/'job.sh'
     ntasks = f'--ntasks=$([ "${{SLURM_RESTART_COUNT:-0}}" -ge 1 ] && echo {tasks_requeued} || echo {tasks}) ' if tasks_requeued else ''
@@ -23,7 +24,7 @@ def submit(root, tasks=2, delay=0.0, partition='main', torchrun=None, tasks_requ
     script.write_text(f"""#!/bin/bash
 #SBATCH --ntasks={1 if torchrun is not None else tasks} --cpus-per-task={2 if torchrun is not None else 1}
 #SBATCH --partition={partition} {requeue} --open-mode=append --output={root}/job.out
-export DDP_SAFE_TIMEOUT=60 OMP_NUM_THREADS=1
+export DDP_SAFE_TIMEOUT=60 OMP_NUM_THREADS=1{f" HOLD_AFTER={hold_after} DDP_SAFE_STOP_TIMEOUT=300" if hold_after else ''}
 srun {start} {HERE/'slurm_train.py'} {root} {delay}
 """)
     out = subprocess.run(['sbatch', '--parsable', str(script)], capture_output=True, text=True, check=True).stdout
@@ -77,9 +78,9 @@ def test_srun_is_a_launcher(uninterrupted):
     assert not list(root.rglob('*.tmp*')), list(root.rglob('*.tmp*'))
 
 def requeued_job(root, signal_job, **kwargs):
-    """A job signalled while it trains, which checkpoints, requeues and runs again: the seconds from the signal to the
-    job running again, the reports at its end, and its output"""
-    jobid = submit(root, delay=0.3, **kwargs)
+    """A job signalled while it trains (held after batch 8 until the stop is agreed), which checkpoints, requeues and runs
+    again: the seconds from the signal to the job running again, the reports at its end, and its output"""
+    jobid = submit(root, delay=0.3, hold_after=8, **kwargs)
     wait_until(lambda: trained(root, 7), 120, f"job {jobid} training")
     t = time.monotonic()
     signal_job(jobid)
@@ -134,7 +135,7 @@ def test_requeued_on_fewer_tasks(uninterrupted, tmp_path):
 
 def test_requeue_refused_keeps_the_checkpoint(tmp_path):
     "A job submitted with `--no-requeue`: SLURM refuses the requeue; the message says so and what to do, the checkpoint stays"
-    jobid = submit(tmp_path, delay=0.3, requeue='--no-requeue')
+    jobid = submit(tmp_path, delay=0.3, requeue='--no-requeue', hold_after=8)
     wait_until(lambda: trained(tmp_path, 7), 120, f"job {jobid} training")
     subprocess.run(['scancel', '--signal=USR1', jobid], check=True)
     j,_ = finished(jobid, tmp_path)
@@ -142,5 +143,6 @@ def test_requeue_refused_keeps_the_checkpoint(tmp_path):
     assert j['JobState'] == 'FAILED' and j['ExitCode'] == '75:0' and int(j['Restarts']) == 0, (j, log[-3000:])
     assert f"SLURM job {jobid} was not requeued (" in log and f"requeue it with `scontrol requeue {jobid}` or submit it again" in log, log[-3000:]
     latest = (tmp_path/'models'/'ckpt'/'latest').read_text()
-    assert '_iter_' in latest and (tmp_path/'models'/'ckpt'/latest/'state.pth').is_file(), latest
+    assert '_iter_' in latest, f"premise: the signal's checkpoint, inside an epoch, is the latest: {latest}"
+    assert (tmp_path/'models'/'ckpt'/latest/'state.pth').is_file(), latest
 

@@ -76,7 +76,7 @@ def test_uneven_remainder_pads_and_drops_as_fastai(tmp_path):
 def test_two_nodes_then_one(tmp_path, where):
     "`torchrun --nnodes 1:2`, a rank on each of two agents: one agent killed after a checkpoint, the other restarts alone and resumes"
     stop_at,name = ((2,), 'epoch_0002') if where == 'epoch' else ((1, 3), 'epoch_0001_iter_000003')
-    res = values(torchrun_ranks(s.any_world_fit, str(tmp_path), 'first', 3, stop_at, 96, 5, init=False, nproc=1, nnodes=2,
+    res = values(torchrun_ranks(s.any_world_fit, str(tmp_path), 'first', 3, stop_at, 96, 'peer', init=False, nproc=1, nnodes=2,
                                 timeout=300, node_dies_when=(tmp_path/'stop').exists))
     assert len(res) == 1 and res[0]['world'] == 1 and res[0]['resumed_from'] == name
     assert res[0]['epochs'] == 4 and res[0]['pct_train'] == pytest.approx(1)

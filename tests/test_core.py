@@ -21,7 +21,7 @@ def test_barrier_names_the_missing_rank(launch):
     for o in (res[0], res[2]):
         assert o['error_type'] == 'DistributedTimeoutError', o
         assert 'rank(s) [1] did not arrive within 3s' in o['error']
-        assert o['waited'] < 3 + 20, o  # the wait lasted the timeout, not the backend's 30 minutes
+        assert o['waited'] < 3 + 20, f"the error came at the meeting's timeout (3 s), not the backend's 30 minutes: {o}"
     assert max(res[0]['waited'], res[2]['waited']) >= 3, res  # the first to give up waited the whole timeout
 
 def test_barrier_failure_reaches_a_late_rank(launch):
@@ -41,7 +41,8 @@ def test_too_large_an_exchange_fails_on_every_rank(launch):
 def test_barrier_timeout_is_prompt():
     "On the ranks that arrived, the error comes within the timeout plus a few seconds"
     o = values(ranks(s.barrier_missing, 1, 3, nproc=2, timeout=60))[0]
-    assert o['error_type'] == 'DistributedTimeoutError' and 3 <= o['waited'] < 3 + 3, o
+    assert o['error_type'] == 'DistributedTimeoutError', o
+    assert 3 <= o['waited'] < 3 + 3, f"the error came at the meeting's timeout (3 s), not the backend's: {o}"
 
 def test_main_process_first_failure_reaches_every_rank(launch):
     "The main process raises inside `main_process_first`: every other rank raises a `CheckpointError` carrying its error and naming rank 0"

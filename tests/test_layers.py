@@ -34,6 +34,16 @@ def test_a_cycle_an_inner_import_and_an_upward_one_are_found(tmp_path):
     assert any(p.startswith('files (files) imports learner (the fastai patches)') for p in problems), problems
     assert imports.check(_package(tmp_path/'ok', dict(errors='', files='from .errors import *\n', learner='from .files import *\n')))[0] == []
 
+def test_an_import_through_a_reexport_is_found(tmp_path):
+    "A name imported from a module that only re-exports it (`core` giving `errors`' names) is a problem; from its own module it is not"
+    errors = "__all__ = ['CheckpointError']\nclass CheckpointError(Exception): pass\n"
+    core = "from .errors import CheckpointError\n__all__ = ['exchange', 'CheckpointError']\ndef exchange(): pass\n"
+    pkg = _package(tmp_path, dict(errors=errors, core=core, files='from .core import exchange, CheckpointError\n', written='from .core import *\n'))
+    problems,_ = imports.check(pkg)
+    assert problems == ['files.py:1: CheckpointError from core, which re-exports it', 'written.py:1: CheckpointError from core, which re-exports it'], problems
+    ok = _package(tmp_path/'ok', dict(errors=errors, core=core, files='from .core import exchange\nfrom .errors import CheckpointError\n'))
+    assert imports.check(ok)[0] == []
+
 CHANGED = '''
 import sys, json, importlib
 owners = json.loads(sys.argv[1])

@@ -29,6 +29,6 @@ def test_save_on_read_only_disk(tmp_path):
     "A save to a read-only disk: every rank raises `CheckpointError` naming the file and the OS's error"
     ro = tmp_path/'ro'; ro.mkdir()
     mount = 'mount --make-rprivate / && mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
-    res = values(torchrun_ranks(s.save_on_read_only, str(ro), node_prefix=lambda i: ['unshare', '-m', 'sh', '-c', mount, str(ro)]))
+    res = values(torchrun_ranks(s.save_on_read_only, str(ro), node_prefix=lambda i: ['unshare', '-m', 'sh', '-c', mount, str(ro)], timeout=240))
     for r in res:
         assert r.startswith(f"CheckpointError: could not write {ro}/models/m.pth: OSError: [Errno 30] Read-only file system"), r

@@ -60,7 +60,8 @@ def killed(tmp_path_factory):
     "A run whose every rank was SIGKILLed at batch 43: its directory (epoch_0001 complete) and its memory (batch 40), copied aside"
     root = tmp_path_factory.mktemp('killed')/'run'
     assert torchrun(root, KILL_AT='43', KILL_RANK='all') != 0
-    assert MemoryCheckpoints((root/'models/ckpt').absolute()).latest()[0] == 'epoch_0001_iter_000008'
+    assert MemoryCheckpoints((root/'models/ckpt').absolute()).latest()[0] == 'epoch_0001_iter_000008', \
+        f"premise: the memory checkpoint of batch 40 was whole when the ranks were killed\n{log(root)[-3000:]}"
     assert (root/'models/ckpt/latest').read_text().strip() == 'epoch_0001', log(root)[-3000:]
     aside = root.parent/'aside'
     shutil.copytree(root, aside/'run'); shutil.copytree(memory(root), aside/'memory')
@@ -76,7 +77,7 @@ def restore(killed):
 
 def check(*args):
     "`ddp-safe-check ARGS`, as a user runs it: what it printed"
-    out = subprocess.run([sys.executable, '-m', 'ddp_safe_fastai.check', *map(str, args)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, '-m', 'ddp_safe_fastai.check', *map(str, args)], capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out
     return out.stdout
 

@@ -12,13 +12,18 @@ from ddp_safe_fastai.testing import synth_learner
 from conftest import values, ranks, Outage
 
 class KillAfter(Callback):
-    "Once epoch `epoch` is checkpointed and uploaded, say so in the file `marker` and wait to be killed"
+    "Once epoch `epoch` is checkpointed and uploaded, and the best model too, say so in the file `marker` and wait to be killed"
     order = CheckpointCallback.order+1
     def __init__(self, epoch, marker): self.epoch_killed,self.marker = epoch,marker
     def after_epoch(self):
         if self.epoch != self.epoch_killed: return
         flush_saves()
-        if self.learn.checkpoint.uploads: self.learn.checkpoint.uploads.wait()  # rank 0: in the bucket
+        uploads = [self.learn.checkpoint.durable_tier.uploads]  # rank 0's
+        if (best := getattr(self.learn, 'safe_save_model', None)):
+            best._wait_for_saves()
+            if best.uploads: best._hand_over(); uploads.append(best.uploads)
+        for u in uploads:
+            if u: assert u.wait(120), f"premise: {u.url} caught up before the kill"
         distrib_barrier()
         Path(self.marker).touch(); time.sleep(120)
 
@@ -55,11 +60,12 @@ def test_resume_from_the_bucket_on_a_wiped_disk(tmp_path, store):
     killed = lambda: (tmp_path/'a'/'killed').exists()
     assert ranks(fit_to, str(tmp_path/'a'), url, 4, 1, None, True, init=False, timeout=240, env=store.env, kill_when=killed) is None
     fs = store.fs()
+    assert fs.exists(f"{bucket}/run1_best.pth"), "premise: the best model SafeSaveModelCallback saved at epoch 0 is in the bucket before the kill"
     assert listed(fs, path) == ['epoch_0001', 'epoch_0002', 'latest']
     assert fs.cat_file(path+'/latest') == b'epoch_0002'
     assert listed(fs, path+'/epoch_0002') == ['manifest.json', 'model.pth', 'rng.pth', 'state.pth']
     inspect = subprocess.run([sys.executable, '-m', 'ddp_safe_fastai.check', 'inspect', url], capture_output=True, text=True,
-                             env={**os.environ, **store.env}, timeout=60)
+                             env={**os.environ, **store.env}, timeout=240)
     assert inspect.returncode == 0 and f"{url}: 2 checkpoint(s); latest names 'epoch_0002'" in inspect.stdout, inspect
     assert "a resume takes epoch_0002 (saved on 2 rank(s))" in inspect.stdout, inspect.stdout
     shutil.rmtree(tmp_path/'a')  # the machine is gone; a new one has an empty disk
@@ -73,15 +79,20 @@ def test_resume_from_the_bucket_on_a_wiped_disk(tmp_path, store):
     (r,) = values(torchrun_ranks(fit_to, str(tmp_path/'a'), url, 5, None, None, True, nproc=1, init=False, timeout=240, env=store.env))
     assert r['resumed_from'] == 'epoch_0004'
 
+class Started(Callback):
+    "Notes when the fit starts, before the other callbacks' `before_fit`"
+    order = -100
+    def before_fit(self): self.at = time.monotonic()
+
 def faults(root, urls_and_options):
-    "A fit checkpointing to each (url, storage_options): what each rank raised, and how long it took"
+    "A fit checkpointing to each (url, storage_options): what each rank raised, and how long after the fit started"
     out = []
     for url,opts in urls_and_options:
-        learn,start = synth_learner(path=Path(root)),time.monotonic()
+        learn,started = synth_learner(path=Path(root)),Started()
         try:
-            with learn.distrib_ctx(): learn.fit(1, cbs=CheckpointCallback(url, storage_options=opts))
-            out.append((None, time.monotonic()-start))
-        except CheckpointError as e: out.append((str(e), time.monotonic()-start))
+            with learn.distrib_ctx(): learn.fit(1, cbs=[started, CheckpointCallback(url, storage_options=opts)])
+            out.append((None, time.monotonic()-started.at))
+        except CheckpointError as e: out.append((str(e), time.monotonic()-started.at))
     return out
 
 def test_store_faults_fail_at_the_start(tmp_path, swift):
@@ -97,7 +108,7 @@ def test_store_faults_fail_at_the_start(tmp_path, swift):
         assert m0 == m1 and m0 is not None, (m0, m1)
         assert f"CheckpointCallback(fname='{url}')" in m0 and f"{url} cannot be written" in m0, m0
         assert any(w in m0 for w in want.split('|')), m0
-        assert t0 < 20, (url, t0)
+        assert t0 < 20, f"the fit failed as it started, not after a retry budget: {url} after {t0:.1f}s"
     assert not (tmp_path/'models').exists() or not any((tmp_path/'models').rglob('epoch_*'))
     assert swift.fs().ls(bucket, refresh=True) == []
 
@@ -107,16 +118,37 @@ class SlowBatches(Callback):
     def after_batch(self):
         if self.training: time.sleep(self.delay)
 
-def fit_slowly(root, url, n_epoch, kwargs=None, models=False, export=False):
+class Hold(Callback):
+    """After epoch `at`'s checkpoint is committed: rank 0 waits until its uploads are all in the bucket (`expect='sent'`)
+    or have failed past `upload_timeout` (`'failed'`), saying so in the file `marker`; then every rank waits for the file
+    `go`, if given. The run gets no further than the test needs, however fast the machine"""
+    order = CheckpointCallback.order+1
+    def __init__(self, at, expect, marker=None, go=None): self.at,self.expect,self.marker,self.go = at,expect,marker,go
+    def after_epoch(self):
+        if self.epoch != self.at: return
+        tier = self.learn.checkpoint.durable_tier
+        tier.wait()  # committed locally
+        if tier.uploads:  # rank 0
+            try: tier.uploads.wait(); failure = None
+            except CheckpointError as e: failure = e
+            assert (failure is None) == (self.expect == 'sent'), f"premise: after epoch {self.at}, the uploads {self.expect} ({failure})"
+            if self.marker: Path(self.marker).touch()
+        end = time.monotonic() + 120
+        while self.go and not Path(self.go).exists():
+            assert time.monotonic() < end, f"premise: the test made {self.go} within 120 s of {self.marker}"
+            time.sleep(0.05)
+        distrib_barrier(timeout=120)
+
+def fit_slowly(root, url, n_epoch, kwargs=None, models=False, export=False, holds=()):
     """`n_epoch` epochs of 16 slowed batches checkpointed to `url` (`CheckpointCallback`'s `kwargs` too), with `models`
     each epoch's model saved to `url`_model_<epoch> too (`SafeSaveModelCallback(every_epoch=True)`): the weights, or the
     error each rank raised; what it printed. With `export`, a fit that raised is followed by `Learner.export` to
-    `url`.pkl with `upload_timeout=3`: what that raised, and whether its local copy is in place"""
+    `url`.pkl with `upload_timeout=3`: what that raised, and whether its local copy is in place. `holds`: `Hold`s' arguments"""
     learn,said = synth_learner(n=128, path=Path(root), seed=5),io.StringIO()
     each = [SafeSaveModelCallback(fname=url+'_model', every_epoch=True)] if models else []
     ckpt = CheckpointCallback(url, **(kwargs or {}))
     try:
-        with contextlib.redirect_stdout(said), learn.distrib_ctx(): learn.fit(n_epoch, 0.02, cbs=[ckpt, *each, SlowBatches(0.1)])
+        with contextlib.redirect_stdout(said), learn.distrib_ctx(): learn.fit(n_epoch, 0.02, cbs=[ckpt, *each, SlowBatches(0.1), *[Hold(*h) for h in holds]])
     except CheckpointError as e:
         out = dict(error=str(e), epoch=learn.epoch, said=said.getvalue())
         if export:
@@ -126,20 +158,21 @@ def fit_slowly(root, url, n_epoch, kwargs=None, models=False, export=False):
     return dict(weights=weights(learn), error=None, said=said.getvalue(), resumed_from=ckpt.resumed_from)
 
 class Uploaded:
-    "Polled: has checkpoint `name` been uploaded whole, the bucket's `latest` naming it? (asked of the store every 0.2 s)"
-    def __init__(self, fs, url, name): self.fs,self.latest,self.name,self.asked,self.seen = fs,url.split('://')[1]+'/latest',name,0,False
+    "Polled: is a first checkpoint in the bucket, its `latest` there? (asked of the store every 0.2 s; once seen, it stays seen)"
+    def __init__(self, fs, url): self.fs,self.latest,self.asked,self.seen = fs,url.split('://')[1]+'/latest',0,False
     def __call__(self):
         if not self.seen and time.monotonic() - self.asked > 0.2:
             self.asked = time.monotonic(); self.fs.invalidate_cache()
-            try: self.seen = self.fs.cat_file(self.latest) == self.name.encode()
-            except FileNotFoundError: pass
+            self.seen = self.fs.exists(self.latest)
         return self.seen
 
 class AwayWhile:
-    "Polled while the ranks run: stop Swift's proxy once `when()`, start it again `away` seconds later (never if None)"
-    def __init__(self, swift, when, away): self.swift,self.when,self.away,self.stopped = swift,when,away,None
+    "Polled while the ranks run: stop Swift's proxy once `when()` (then touch the file `gone`, if given), start it again `away` seconds later (never if None)"
+    def __init__(self, swift, when, away, gone=None): self.swift,self.when,self.away,self.gone,self.stopped = swift,when,away,gone,None
     def __call__(self):
-        if self.stopped is None and self.when(): self.swift.stop_proxy(); self.stopped = time.monotonic()
+        if self.stopped is None and self.when():
+            self.swift.stop_proxy(); self.stopped = time.monotonic()
+            if self.gone: Path(self.gone).touch()
         elif self.stopped and self.away is not None and time.monotonic() - self.stopped > self.away: self.swift.start_proxy(); self.away = None
         return False
 
@@ -149,27 +182,33 @@ def test_store_gone_fails_past_the_upload_timeout(tmp_path, swift):
     its own `upload_timeout`, its local copy not put in place; once the store is back, a run on a new machine resumes
     from the bucket's last"""
     url = f"s3://{swift.bucket()}/run"
-    cache = tmp_path/'a'/'models'/local_copy_name(url)
-    away = AwayWhile(swift, Uploaded(swift.fs(), url, 'epoch_0001'), None)
-    try: outs = ranks(fit_slowly, str(tmp_path/'a'), url, 6, dict(upload_timeout=3), False, True, init=False, timeout=240, env={**swift.env, 'DDP_SAFE_UPLOAD_RETRY': '2'}, kill_when=away)
+    cache,sent,gone = tmp_path/'a'/'models'/local_copy_name(url),tmp_path/'epoch_0001_sent',tmp_path/'store_gone'
+    # the run waits: after epoch_0001 is in the bucket, for the store to go; after epoch_0002, for its upload to fail for good
+    holds = [(0, 'sent', str(sent), str(gone)), (1, 'failed')]
+    away = AwayWhile(swift, sent.exists, None, gone)
+    try: outs = ranks(fit_slowly, str(tmp_path/'a'), url, 6, dict(upload_timeout=3), False, True, holds, init=False, timeout=240, env={**swift.env, 'DDP_SAFE_UPLOAD_RETRY': '2'}, kill_when=away)
     finally: swift.start_proxy()
     r0,r1 = values(outs)
     assert r0['error'] == r1['error'] and r0['error'] is not None, (r0, r1)
+    assert r0['epoch'] == r1['epoch'] == 2, f"premise: the failure was raised at epoch_0003's checkpoint, the first after the uploads failed ({r0['epoch']}, {r1['epoch']})"
     assert f"upload to {url} (endpoint {swift.endpoint}) failed, still after 3s (upload_timeout)" in r0['error'], r0['error']
     assert r0['export_error'] == r1['export_error'] and f"upload to {url}.pkl (endpoint {swift.endpoint}) failed, still after 3s (upload_timeout): " in r0['export_error'], (r0, r1)
     assert not r0['export_local'] and not swift.fs().exists(url[5:]+'.pkl')
     assert f"{url} is behind" in r0['said'], r0['said']
-    assert is_complete(cache/'epoch_0002'), sorted(p.name for p in cache.iterdir())  # kept, though not uploaded
+    assert is_complete(cache/'epoch_0002'), f"epoch_0002, which the store never took, is kept locally: {sorted(p.name for p in cache.iterdir())}"
     shutil.rmtree(tmp_path/'a')
     r0,r1 = values(ranks(fit_to, str(tmp_path/'a'), url, 3, init=False, timeout=240, env=swift.env))
     assert r0['resumed_from'] == r1['resumed_from'] == 'epoch_0001'
 
 class OutageWhile:
-    "Polled while the ranks run: once `when()`, the relay goes `mode` for `seconds`, then up again"
-    def __init__(self, relay, when, mode, seconds): self.relay,self.when,self.mode,self.seconds,self.start,self.over = relay,when,mode,seconds,None,False
+    "Polled while the ranks run: once `when()`, the relay goes `mode` (then the file `out` is made, if given) for `seconds` and until `until()`, then up again"
+    def __init__(self, relay, when, mode, seconds, until=lambda: True, out=None):
+        self.relay,self.when,self.mode,self.seconds,self.until,self.out,self.start,self.over = relay,when,mode,seconds,until,out,None,False
     def __call__(self):
-        if self.start is None and self.when(): self.relay.set(self.mode); self.start = time.monotonic()
-        elif self.start and not self.over and time.monotonic() - self.start > self.seconds: self.relay.set('up'); self.over = True
+        if self.start is None and self.when():
+            self.relay.set(self.mode); self.start = time.monotonic()
+            if self.out: Path(self.out).touch()
+        elif self.start and not self.over and time.monotonic() - self.start > self.seconds and self.until(): self.relay.set('up'); self.over = True
         return False
 
 @pytest.mark.parametrize('mode', ['stall', 'refuse'])
@@ -180,11 +219,13 @@ def test_store_out_longer_than_the_timeout(tmp_path, swift, mode):
     `SafeSaveModelCallback(fname=URL)` saved is there, and a run on an empty disk resumes from the bucket with the same
     weights"""
     url = f"s3://{swift.bucket()}/run"
+    last = tmp_path/'a'/'models'/local_copy_name(url)/'epoch_0006'/'manifest.json'  # the fit's last checkpoint, committed locally
     with Outage(swift.endpoint) as relay:
-        out = OutageWhile(relay, Uploaded(swift.fs(), url, 'epoch_0001'), mode, 18)
+        out = OutageWhile(relay, Uploaded(swift.fs(), url), mode, 18, until=last.exists)
         env = {**swift.env, 'AWS_ENDPOINT_URL': relay.endpoint, 'DDP_SAFE_TIMEOUT': '12'}
-        r0,r1 = values(ranks(fit_slowly, str(tmp_path/'a'), url, 6, None, True, init=False, timeout=150, env=env, kill_when=out))
-        assert out.over and r0['error'] is None and r1['error'] is None, (r0.get('error'), r1.get('error'))
+        r0,r1 = values(ranks(fit_slowly, str(tmp_path/'a'), url, 6, None, True, init=False, timeout=240, env=env, kill_when=out))
+        assert out.over, "premise: the outage began once a first checkpoint was in the bucket, and ended once epoch_0006 was committed locally"
+        assert r0['error'] is None and r1['error'] is None, (r0.get('error'), r1.get('error'))
         assert f"CheckpointCallback: {url} is behind" in r0['said'] and f"{url} has caught up: epoch_0006 uploaded" in r0['said'], r0['said']
         assert f"SafeSaveModelCallback: {url}_model is behind" in r0['said'], r0['said']
         fs = swift.fs()
@@ -195,10 +236,13 @@ def test_store_out_longer_than_the_timeout(tmp_path, swift, mode):
     assert again[0]['resumed_from'] == 'epoch_0006'
     for w,v in zip(again[0]['weights'], r0['weights']): assert torch.equal(w, v)
 
-def export_during_an_outage(root, url):
-    """A fit, then `Learner.export(url)`, the store's read timeout 3 s: what each rank raised, what it printed"""
+def export_during_an_outage(root, url, stalled):
+    """A fit, then, once the file `stalled` says the endpoint stalls, `Learner.export(url)`, the store's read timeout 3 s:
+    what each rank raised, what it printed"""
     learn,said = synth_learner(n=128, path=Path(root), seed=5),io.StringIO()
     with learn.distrib_ctx(): learn.fit(1, 0.02)
+    end = time.monotonic() + 120
+    while not Path(stalled).exists(): assert time.monotonic() < end, f"premise: the endpoint stalled within 120 s (rank {rank_distrib()})"; time.sleep(0.05)
     try:
         with contextlib.redirect_stdout(said): learn.export(url, storage_options=dict(config_kwargs=dict(read_timeout=3)))
         error = None
@@ -212,30 +256,48 @@ def test_export_during_an_outage(tmp_path, swift):
     url = f"s3://{swift.bucket()}/run/export.pkl"
     with Outage(swift.endpoint) as relay:
         env = {**swift.env, 'AWS_ENDPOINT_URL': relay.endpoint, 'DDP_SAFE_TIMEOUT': '8'}
-        out = OutageWhile(relay, lambda: True, 'stall', 20)
-        r0,r1 = values(ranks(export_during_an_outage, str(tmp_path/'a'), url, init=False, timeout=150, env=env, kill_when=out))
-    assert r0['error'] is None and r1['error'] is None and out.over, (r0, r1)
+        out = OutageWhile(relay, lambda: True, 'stall', 20, out=tmp_path/'stalled')
+        r0,r1 = values(ranks(export_during_an_outage, str(tmp_path/'a'), url, str(tmp_path/'stalled'), init=False, timeout=240, env=env, kill_when=out))
+    assert out.over, "premise: the endpoint stalled 20 s, the export's upload in it"
+    assert r0['error'] is None and r1['error'] is None, (r0, r1)
     assert f"Learner.export: {url} is behind (" in r0['said'] and f"Learner.export: {url} has caught up" in r0['said'], r0['said']
     assert swift.fs().cat_file(url[5:]) == (tmp_path/'a'/local_copy_name(url)).read_bytes()
 
-def fit_with_ballast(root, url, n_epoch):
-    "`n_epoch` epochs checkpointed to `url`, the model carrying 64 MiB of ballast: each upload takes a while"
+class HoldInUpload(Callback):
+    """Rank 0's uploads: epoch_0001's waited for after the first epoch; epoch_0002's held as it starts, the file `marker`
+    saying so, until the process is killed"""
+    order = CheckpointCallback.order+1
+    def __init__(self, marker): self.marker = marker
+    def before_fit(self):
+        storage,put = self.learn.checkpoint.storage,self.learn.checkpoint.storage.put
+        def held(local, *names):
+            if names[0] == 'epoch_0002': Path(self.marker).touch(); time.sleep(120)
+            return put(local, *names)
+        storage.put = held
+    def after_epoch(self):
+        if self.epoch != 0: return
+        tier = self.learn.checkpoint.durable_tier
+        tier.wait()
+        if tier.uploads: assert tier.uploads.wait(120), "premise: epoch_0001 is in the bucket before epoch 2 trains"
+        distrib_barrier()
+
+def fit_with_ballast(root, url, n_epoch, hold=None):
+    "`n_epoch` epochs checkpointed to `url`, the model carrying 64 MiB of ballast: each upload takes a while; `hold`: `HoldInUpload`'s marker"
     learn = synth_learner(n=128, path=Path(root), seed=5)
     learn.model.register_buffer('ballast', torch.zeros(2**24))
     ckpt = CheckpointCallback(url)
-    with learn.distrib_ctx(): learn.fit(n_epoch, 0.02, cbs=[ckpt, SlowBatches(0.05)])
+    with learn.distrib_ctx(): learn.fit(n_epoch, 0.02, cbs=[ckpt, SlowBatches(0.05), *([HoldInUpload(hold)] if hold else [])])
     return dict(resumed_from=ckpt.resumed_from)
 
 def test_kill_during_an_upload(tmp_path, swift):
     """The run is killed while a checkpoint uploads: the bucket's copy of it is never taken; a new machine resumes from the
     one before, and aborts the multipart uploads a kill left open under the run's prefix (not another's)"""
     url = f"s3://{swift.bucket()}/run"
-    cache = tmp_path/'a'/'models'/local_copy_name(url)
-    assert ranks(fit_with_ballast, str(tmp_path/'a'), url, 4, init=False, timeout=240, env=swift.env,
-                 kill_when=lambda: (cache/'epoch_0002'/'manifest.json').exists()) is None  # committed here: its upload starts
+    held = tmp_path/'epoch_0002_uploading'
+    assert ranks(fit_with_ballast, str(tmp_path/'a'), url, 4, str(held), init=False, timeout=240, env=swift.env, kill_when=held.exists) is None
     fs = swift.fs()
-    assert fs.cat_file(url[5:]+'/latest') == b'epoch_0001'
-    assert not fs.exists(url[5:]+'/epoch_0002/manifest.json')
+    assert fs.cat_file(url[5:]+'/latest') == b'epoch_0001', "the kill came after epoch_0001 was uploaded whole"
+    assert not fs.exists(url[5:]+'/epoch_0002/manifest.json'), "the kill came before epoch_0002's manifest was uploaded"
     # what a kill inside an upload of over 100 MiB leaves (s3fs sends it in parts): an open multipart upload, its part stored
     bucket = url[5:].split('/')[0]
     for key in ('run/epoch_0002/state.pth', 'other/state.pth', 'run/sub/epoch_0001/state.pth'):  # another run's, and a run's under a longer prefix
@@ -277,7 +339,7 @@ def test_export_and_best_model_to_a_bucket(tmp_path, swift):
     assert r0['error'] == r1['error'] == "upload to s3://nosuchbucket123/export.pkl: FileNotFoundError: The specified bucket does not exist.", r0['error']
     assert r0['local'] == ['s3_' + bucket + '_run_best.pth', 's3_' + bucket + '_run_export.pkl'], r0['local']
     # a store that cannot be written stops the fit as it starts, on every rank
-    assert r0['fit_error'] == r1['fit_error'] and "SafeSaveModelCallback(fname='s3://nosuchbucket123/best'): failed on rank(s) [0]: s3://nosuchbucket123/best cannot be written: the bucket (or container) does not exist" in r0['fit_error'], r0['fit_error']
+    assert r0['fit_error'] == r1['fit_error'] and "SafeSaveModelCallback(fname='s3://nosuchbucket123/best'): failed on rank(s) [0]: s3://nosuchbucket123 cannot be written: the bucket (or container) does not exist" in r0['fit_error'], r0['fit_error']
 
 def fit_and_export_with_options(root, bucket, options):
     """Both callbacks given in `Learner(cbs=...)`, to URLs, with `storage_options` (the environment has no credential); a
@@ -335,7 +397,7 @@ def test_no_credential_in_a_file(tmp_path, swift):
     lacking = elsewhere('none', {})
     assert lacking.returncode == 0, lacking.stderr[-3000:]
     # the first callback to start names its URL and the options it lacks
-    assert (f"SafeSaveModelCallback(fname='s3://{bucket}/best'): failed on rank(s) [0]: s3://{bucket}/best cannot be written: "
+    assert (f"SafeSaveModelCallback(fname='s3://{bucket}/best'): failed on rank(s) [0]: s3://{bucket} cannot be written: "
             "NoCredentialsError") in lacking.stdout, lacking.stdout
     assert ("(its storage_options endpoint_url, key, secret are never saved with the Learner: set them again, "
             "`learn.safe_save_model.storage_options = {...}`, or give them in the environment)") in lacking.stdout, lacking.stdout

@@ -30,13 +30,14 @@ def test_killed_writer_holding_the_store(tmp_path, kill):
     "Ranks started one by one (as a scheduler does): the store lives in rank 0's process, and dies with it inside a save"
     ranks = 'for r in 0 1 2; do RANK=$r LOCAL_RANK=$r WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=%d "$0" "$@" & done; wait'
     with pytest.raises(RanksStalled, match=r"rank\(s\) \[0\] exited without a result"):
-        torchrun_ranks(pm.save_while_writer_dies, str(tmp_path), kill, nproc=3, timeout=60,
+        torchrun_ranks(pm.save_while_writer_dies, str(tmp_path), kill, nproc=3, timeout=240,
                        launcher=['bash', '-c', ranks % free_port(), sys.executable], env={'DDP_SAFE_TIMEOUT': '30'})
     for r in (1, 2):
         secs, got = (tmp_path/f"rank{r}.txt").read_text().split('\n', 1)
         assert got.startswith(f"StoreUnreachableError: save {tmp_path}/models/a.pth: the process group's store, in rank 0's process, "
                               f"cannot be reached"), got
-        assert got.endswith(f"that process ended or was killed; raised on rank {r}") and float(secs) < 10, (secs, got)
+        assert got.endswith(f"that process ended or was killed; raised on rank {r}"), got
+        assert float(secs) < 10, f"rank {r} learnt of the store's death within 10 s of its save: {secs} s"
 
 def test_issue_cases(tmp_path):
     "Programs written by hand: a save inside local_io, then by every rank; a save by rank 0 alone, then by every rank to a full disk"

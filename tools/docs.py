@@ -77,6 +77,18 @@ def _page_cells(nb, commit='main'):
                               source='\n'.join(l for l in c.source.splitlines() if not l.startswith('#|'))))
     return cells
 
+def sidebar():
+    "The site's sections, in order: (section title, or None for the pages before the first section, [notebook paths]), from `nbs/sidebar.yml`"
+    import yaml
+    out = []
+    for item in yaml.safe_load((NBS/'sidebar.yml').read_text())['website']['sidebar']['contents']:
+        if isinstance(item, str): out.append((None, [NBS/item]))
+        else: out.append((item['section'], [NBS/n for n in item['contents']]))
+    listed = [n for _,ns in out for n in ns]
+    unlisted = sorted(set(NBS.glob('*.ipynb')) - set(listed))
+    if unlisted: sys.exit(f"nbs/sidebar.yml lists no section for {', '.join(n.name for n in unlisted)}: add each where a reader looks for it")
+    return out
+
 def title_of(nb_path):
     "A notebook's title and one-line summary: its first '# ' heading and the '> ' line under it"
     from execnb.nbio import read_nb
@@ -150,7 +162,7 @@ box-shadow:0 2px 10px #0004;max-height:70vh;overflow:auto} .search ol:empty{disp
 padding:.4rem .7rem;color:#123} .search li a.on,.search li a:hover{background:#e8eef7} .search small{color:#678;margin-left:.5rem}
 nav.site{position:fixed;top:3rem;left:0;bottom:0;width:15rem;overflow:auto;padding:.5rem 1rem;background:#f6f7f9;
 border-right:1px solid #ddd;font:14px/1.4 sans-serif;z-index:10} nav.site a{display:block;margin:.5rem 0;color:#224;
-text-decoration:none} nav.site a.here{font-weight:bold} nav.site small{display:block;color:#667;font-weight:normal;overflow-wrap:anywhere}
+text-decoration:none} nav.site h4{margin:1.2rem 0 .2rem;font-size:13px;text-transform:uppercase;letter-spacing:.04em;color:#556} nav.site a.here{font-weight:bold} nav.site small{display:block;color:#667;font-weight:normal;overflow-wrap:anywhere}
 main.page{margin-left:17rem;max-width:60rem;padding:4rem 2rem 1rem;min-width:0} nav.toc{font:14px/1.4 sans-serif;border-left:3px solid
 #cdd;padding:.2rem .8rem;margin:.5rem 0 1rem} nav.toc a{display:block;color:#246;text-decoration:none} nav.toc a.h3{padding-left:1rem}
 a.src{font:normal 13px sans-serif;margin-left:.8rem;vertical-align:middle} a code{color:#0550ae} .jp-RenderedHTMLCommon table{display:block;overflow-x:auto}
@@ -170,10 +182,10 @@ document.addEventListener('keydown',e=>{if(e.key=='/'&&document.activeElement!=q
 
 def _inline(s): return re.sub(r'`([^`]+)`', r'<code>\1</code>', html.escape(s))
 
-def _chrome(pages, here):
-    "The top bar (project, search, repository) and the sidebar: the home page, then every page in the notebooks' order"
-    items = ''.join(f'<a href="{p}.html"{" class=here" if p == here else ""}>{_inline(t)}<small>{_inline(s)}</small></a>'
-                    for p,(t,s) in pages.items())
+def _chrome(pages, here, sections):
+    "The top bar (project, search, repository) and the sidebar: the sections of `nbs/sidebar.yml`, each page with its title and summary"
+    link = lambda p: f'<a href="{p}.html"{" class=here" if p == here else ""}>{_inline(pages[p][0])}<small>{_inline(pages[p][1])}</small></a>'
+    items = ''.join((f'<h4>{html.escape(sec)}</h4>' if sec else '') + ''.join(link(n.stem) for n in ns) for sec,ns in sections)
     return (f'<header class="top"><button id="menu" aria-label="pages">&#9776;</button><a class="brand" href="index.html">'
             f'{CFG["lib_name"]}</a><div class="search"><input id="q" type="search" placeholder="Search (/)" aria-label="search">'
             f'<ol id="hits"></ol></div><a class="repo" href="{CFG["git_url"]}">GitHub</a></header><nav class="site">{items}</nav>')
@@ -187,7 +199,7 @@ def _toc(body):
     if len(hs) <= 5: return ''
     return '<nav class="toc"><b>On this page</b>' + ''.join(f'<a class="h{n}" href="#{i}">{html.escape(_plain(h))}</a>' for n,i,h in hs) + '</nav>'
 
-def render(nb_path, cells, pages, targets):
+def render(nb_path, cells, pages, targets, sections):
     "Write the page of `nb_path` to `_docs/`, with the site's top bar, sidebar, shared stylesheet and script"
     import nbformat
     from nbconvert import HTMLExporter
@@ -200,7 +212,7 @@ def render(nb_path, cells, pages, targets):
                   r'.*?<!-- End of mathjax configuration -->', '', body, flags=re.S)
     body = _linked(body, targets)
     main = body[body.index('<body'):]
-    body = re.sub(r'(<body[^>]*>)', lambda m: m.group(1) + _chrome(pages, nb_path.stem) + '<main class="page">' + _toc(main), body, count=1)
+    body = re.sub(r'(<body[^>]*>)', lambda m: m.group(1) + _chrome(pages, nb_path.stem, sections) + '<main class="page">' + _toc(main), body, count=1)
     body = body.replace('</body>', '</main></body>').replace('</head>', '<link rel="stylesheet" href="site.css">'
                         '<script src="search.js"></script><script src="site.js"></script></head>')
     (OUT/f"{nb_path.stem}.html").write_text(body)
@@ -221,7 +233,8 @@ def main(argv=None):
     p.add_argument('notebooks', nargs='*', help='notebooks to build (default: every notebook in nbs/)')
     p.add_argument('--workers', type=int, default=2)
     a = p.parse_args(argv)
-    every = [NBS/'index.ipynb'] + sorted(NBS.glob('[0-9]*.ipynb'))
+    sections = sidebar()
+    every = [n for _,ns in sections for n in ns]
     todo = [Path(n).resolve() for n in a.notebooks] or every
     pages, targets = {n.stem: title_of(n) for n in every}, link_targets(every)
     OUT.mkdir(exist_ok=True)
@@ -234,7 +247,7 @@ def main(argv=None):
     with ProcessPoolExecutor(a.workers, mp_context=ctx, max_tasks_per_child=1) as ex:
         for nb_path,cells,err,secs in ex.map(run_notebook, todo):
             if err: failed.append(nb_path.name); print(f"FAILED {nb_path.name}:\n{err}", file=sys.stderr)
-            else: render(nb_path, cells, pages, targets); print(f"{nb_path.name}: {secs:.0f} s", flush=True)
+            else: render(nb_path, cells, pages, targets, sections); print(f"{nb_path.name}: {secs:.0f} s", flush=True)
     write_search(pages, targets)
     if (OUT/'index.html').exists(): (OUT/'.nojekyll').touch()
     if failed: sys.exit(f"notebooks that raised: {failed}")

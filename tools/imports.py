@@ -1,7 +1,9 @@
 """The package's import graph held against its layers: each module's imports of the package's own modules, at the top
 level and inside functions. It fails on a cycle, on an import of the package inside a function (a lazy import is no
-way around a layer), and on a module that imports one of a higher layer than its own. Nothing is imported: the
-source is read. Usage: `python tools/imports.py [--graph] [--package DIR]` (default: `ddp_safe_fastai/`); `--graph`
+way around a layer), on a module that imports one of a higher layer than its own, and on a name imported from a
+module that only re-exports it (the names of earlier releases stay importable where they were, but the package's own
+modules import each name from the module that defines it, so that the graph shows what depends on what; `all`, which
+gathers everything for users, is the exception). Nothing is imported: the source is read. Usage: `python tools/imports.py [--graph] [--package DIR]` (default: `ddp_safe_fastai/`); `--graph`
 prints every module's imports."""
 import ast, sys, argparse
 from pathlib import Path
@@ -9,16 +11,17 @@ from pathlib import Path
 # bottom first: a module imports modules of its own layer or of those below, never of one above
 LAYERS = [
     ('ranks: who this process is, and all-gathers with a timeout', ['errors', 'ranks', 'store_gather', 'rendezvous', 'core']),
-    ('files: one file written whole, by one process', ['files', 'checksums', 'written', 'fastai_imports']),
+    ('files: one file written whole, by one process', ['locations', 'files', 'checksums', 'written', 'fastai_imports']),
     ('transport: files to and from object storage', ['transport']),
     ('the save and load protocol', ['matching', 'background', 'directories', 'reads', 'persist']),
     ('the training state and its format', ['resume', 'manifest', 'train_state']),
-    ('checkpoint storage', ['storage', 'checkpoint_dir', 'object_store', 'memory_tier']),
+    ('checkpoint storage', ['storage', 'checkpoint_dir', 'object_store', 'memory_tier', 'durable_tier']),
     ('the fastai patches', ['distributed', 'learner', 'loops', 'text', 'writers', 'patches']),
     ('the callbacks', ['signals', 'callback', 'checkpoint']),
     ('the tools', ['launch', 'testing', 'check', 'changes', 'all']),
 ]
 _skip = {'__init__', '_modidx'}
+_gathers = {'all'}  # its one job is to re-export every module's names
 
 def _targets(node, pkg, here):
     "The package's modules that the import `node` (in module `here`) names"
@@ -42,6 +45,34 @@ def module_imports(path, pkg):
             walk(child, child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else fn)
     walk(tree, None)
     return top, inner
+
+def defined(tree):
+    "The names a module's source defines at its top level: functions, classes and assignments"
+    out = set()
+    for n in tree.body:
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)): out.add(n.name)
+        elif isinstance(n, (ast.Assign, ast.AnnAssign)):
+            out |= {e.id for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) for e in ast.walk(t) if isinstance(e, ast.Name)}
+    return out
+
+def exported(tree):
+    "The names in a module's `__all__`, as nbdev writes it (a list of strings)"
+    return next((ast.literal_eval(n.value) for n in tree.body if isinstance(n, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == '__all__' for t in n.targets)), [])
+
+def through_reexports(package, pkg):
+    "Each import of a name from a module of the package that does not define it (`module.py:line: name from X, defined in Y`)"
+    trees = {f.stem: ast.parse(f.read_text(encoding='utf8')) for f in Path(package).glob('*.py') if f.stem not in _skip}
+    defs = {m: defined(t) for m,t in trees.items()}
+    out = []
+    for m,tree in sorted(trees.items()):
+        if m in _gathers: continue
+        for n in tree.body:
+            if not (isinstance(n, ast.ImportFrom) and n.level == 1 and n.module and n.module.split('.')[0] in trees): continue
+            src = n.module.split('.')[0]
+            names = exported(trees[src]) if [a.name for a in n.names] == ['*'] else [a.name for a in n.names]
+            out += [f"{m}.py:{n.lineno}: {name} from {src}, which re-exports it" for name in names if name not in defs[src]]
+    return out
 
 def cycles(graph):
     "The strongly connected groups of more than one module (Tarjan's algorithm)"
@@ -78,6 +109,7 @@ def check(package):
         problems += [f"{f.stem} ({LAYERS[layer[f.stem]][0].split(':')[0]}) imports {m} ({LAYERS[layer[m]][0].split(':')[0]}), a layer above"
                      for m in sorted(top) if m in layer and layer[m] > layer[f.stem]]
     problems += [f"cycle: {' -> '.join(c)}" for c in cycles(graph)]
+    problems += through_reexports(package, pkg)
     return problems, graph
 
 if __name__ == '__main__':
@@ -91,6 +123,6 @@ if __name__ == '__main__':
             for m in ms:
                 if m in graph: print(f"   {m}: {', '.join(sorted(graph[m])) or '-'}")
     edges = sum(map(len, graph.values()))  # an edge of each module to each it imports
-    print(f"{len(graph)} modules, {edges} imports between them, {len(LAYERS)} layers: " + ('no cycle, no import inside a function, none from a layer above' if not problems else f"{len(problems)} problem(s)"))
+    print(f"{len(graph)} modules, {edges} imports between them, {len(LAYERS)} layers: " + ('no cycle, no import inside a function, none from a layer above, none through a re-export' if not problems else f"{len(problems)} problem(s)"))
     for pr in problems: print(f"  {pr}")
     sys.exit(1 if problems else 0)

@@ -20,8 +20,10 @@ if [ -n "$(git status --porcelain -uno)" ]; then
 fi
 echo "== dev: pyflakes"
 tools/lint.sh
-echo "== the package's layers: no cycle, no import inside a function, none from a layer above"
+echo "== the package's layers: no cycle, no import inside a function, none from a layer above, none through a re-export"
 .venv-dev/bin/python tools/imports.py
+echo "== every public definition followed by an example on its page"
+.venv-dev/bin/python tools/examples.py
 echo "== packaging (in the background; its output follows the tests): sdist and wheel built, twine-checked, installed outside the repository, README example run"
 package_log=$(mktemp /tmp/ddp_safe_package.XXXXXX)
 setsid tools/package.sh > "$package_log" 2>&1 & package=$!
