@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # "dev" (nbdev 2.4.14, fastcore 1.14, fastai 2.8.7): notebooks, lint, packaging, the documentation site, and the tests
 # that pin fastai 2.8.7 (drop-in behaviour, the table of changes, the census of writers); "latest" (fastai 2.8.12, what
-# `pip install fastai` gives a user): the whole behavioural suite, once, in two pytest workers (pytest-xdist: many tests
+# `pip install fastai` gives a user): the whole behavioural suite, once, in three pytest workers (pytest-xdist: many tests
 # wait, for a scheduler, a store, a kill; those that share a server or addresses run on one worker, see conftest.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +51,10 @@ echo "== dev: the site in headless Chromium: links, anchors and images resolve, 
 echo "== dev: fastai 2.8.7 pinned: drop-in behaviour, the table of changes, the census of writers"
 (cd tests && ../.venv-dev/bin/python -m pytest "${pytest_args[@]}" test_learner_dropin.py test_changes.py)
 echo "== latest: behavioural tests, their ranks on the CPU (a GPU is hidden from them: two ranks of one GPU would get an nccl group, which NCCL refuses)"
-(cd tests && CUDA_VISIBLE_DEVICES= ../.venv-latest/bin/python -m pytest "${pytest_args[@]}" -n 2 --dist loadgroup --ignore=test_cuda.py)
+# every process of the suite (hundreds: ranks, launchers) imports the package: compiled once here (where PYTHONDONTWRITEBYTECODE is set, as
+# on these machines, each would compile it again); one thread a process for torch's own work, as torchrun sets it for its workers
+.venv-latest/bin/python -m compileall -q ddp_safe_fastai tests
+(cd tests && CUDA_VISIBLE_DEVICES= OMP_NUM_THREADS=1 ../.venv-latest/bin/python -m pytest "${pytest_args[@]}" -n 3 --dist loadgroup --ignore=test_cuda.py)
 echo "== latest: the nccl and CUDA paths (skipped without a GPU)"
 (cd tests && ../.venv-latest/bin/python -m pytest "${pytest_args[@]}" test_cuda.py)
 echo "== packaging: its output"
