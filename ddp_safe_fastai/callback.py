@@ -11,7 +11,7 @@ from fastcore.basics import *
 from .errors import CheckpointError
 from .ranks import check_scope, rank_distrib, say_on_rank0
 from .rendezvous import is_main_process
-from .core import broadcast_object, raise_any_failure
+from .core import broadcast_object, failure_of, raise_any_failure
 from .fastai_imports import fastai_defaults_kept
 from .background import SaveHandle
 from .persist import check_not_replaced
@@ -58,6 +58,7 @@ class SafeSaveModelCallback(CallbackStorage, SaveModelCallback):
     def before_fit(self):
         "Prepare the monitored value; nothing is saved in this fit yet; with a URL, check that the store can be written"
         super().before_fit()
+        if not self.run: return  # `lr_find`'s fit: fastai's tracker sat it out, and so does the rest
         self._wait_for_saves()  # a fit that raised may have left one writing
         if self.where:
             self.check_storage(self.what)
@@ -117,10 +118,8 @@ class SafeSaveModelCallback(CallbackStorage, SaveModelCallback):
 
     def _download_best(self):
         "With a store: the best model of this fit downloaded where its local copy is missing (a fit resumed on another machine); a failure on every rank"
-        file,why = model_file(self.learn, self.fname),None
-        if is_main_process(self.scope) and not file.exists():
-            try: self.storage.get_file(f"{self.stem}.pth", file)
-            except CheckpointError as e: why = str(e)
+        file = model_file(self.learn, self.fname)
+        why = failure_of(self.storage.get_file, f"{self.stem}.pth", file) if is_main_process(self.scope) and not file.exists() else None
         raise_any_failure(why, 'SafeSaveModelCallback download', f"SafeSaveModelCallback reload of {self.where}/{self.stem}.pth")
 
     def after_fit_raised(self, e):

@@ -13,8 +13,8 @@ from fastai.callback.core import Callback
 from .errors import CheckpointError, describe, raise_failures
 from .ranks import check_scope, num_distrib, rank_distrib, run_prefix, say_on_rank0
 from .rendezvous import group_store, is_main_process, join_launched_group
-from .core import broadcast_object, exchange
-from .locations import destination, local_copy_name
+from .core import broadcast_object, exchange, failure_of
+from .locations import destination
 from .fastai_imports import fastai_defaults_kept
 from .background import background_saves
 from .reads import load_state
@@ -199,8 +199,7 @@ class CheckpointCallback(CallbackStorage, Callback):
     def root(self):
         "The local directory of the checkpoints; with a store, their copies before and after their upload"
         if self.where is not None and not self.sent: return Path(self.storage.local)
-        models = Path(self.learn.path)/self.learn.model_dir
-        return models/local_copy_name(self.where) if self.sent else models/self.fname
+        return destination(self.where if self.sent else self.fname, Path(self.learn.path)/self.learn.model_dir)[0]
 
     @property
     def dir(self):
@@ -212,7 +211,7 @@ class CheckpointCallback(CallbackStorage, Callback):
     def before_fit(self):
         "Start the fit's tiers, resume it from the newest complete checkpoint of any tier, or skip it if a later fit's checkpoint exists"
         self.within,self.completed,self.stepped = None,None,False
-        if hasattr(self.learn, 'lr_finder'): return
+        if hasattr(self.learn, 'lr_finder'): self.run = False; return  # as fastai's trackers: `lr_find`'s fit is no fit of the run, and fastai sets `run` again after it
         self.tracked = tracked_metric(self.learn, self.monitor, self.comp, required=self.keep_best > 0)
         if self.durable_tier: self.durable_tier.wait()  # a fit that raised may have left its last checkpoint writing
         if self.stop: self.stop.close()  # a callback after this one raised in `before_fit`: no epoch loop closed it
@@ -220,7 +219,7 @@ class CheckpointCallback(CallbackStorage, Callback):
         self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
         self.schedule.start()
         if self.memory: self.memory.end(keep=True)  # an earlier fit whose start raised (its resume): what memory holds stays for this one
-        self.memory = MemoryTier(self.memory_every_iters, self.where or str(self.root.absolute()), self.memory_dir, self.async_save) if self.memory_every_iters else None
+        self.memory = MemoryTier(self.where or str(self.root.absolute()), self.memory_dir, self.async_save) if self.memory_every_iters else None
         if self.sent: self.check_storage(self.what)
         self.durable_tier = DurableTier(self.dir, StoredCheckpoints(self.storage) if self.sent else None, self.scope, self.async_save,
                                         self.keep, self.keep_best, self.upload_timeout, _say)
@@ -320,10 +319,7 @@ class CheckpointCallback(CallbackStorage, Callback):
         self.schedule.saved()
         state,name,info = self._capture(within, stopped)
         if not within: info.update(monitored_value(self.learn, self.tracked, self.monitor))
-        room = None
-        if is_main_process(self.scope):
-            try: self.durable_tier.check_room(name, state)
-            except CheckpointError as e: room = str(e)  # in words: every rank raises it
+        room = failure_of(self.durable_tier.check_room, name, state) if is_main_process(self.scope) else None  # in words: every rank raises it
         rngs,rooms = zip(*exchange((rng or get_rng_state(), room), 'CheckpointCallback rng', timeout))
         raise_failures(rooms, f"CheckpointCallback {self.root/name}")  # on every rank, before anything is written
         self.durable_tier.save(name, state, rngs, info, {self.resumed_from}, step_tensors(self.learn.model, self.learn.opt), timeout)
@@ -360,5 +356,5 @@ class CheckpointCallback(CallbackStorage, Callback):
     def after_fit(self):
         "Give the signals back; finish the background writes and the uploads; remove the memory checkpoints"
         if self.stop: self.stop.close(); self.stop = None
-        self.durable_tier.finish()
+        self.durable_tier.finish({self.resumed_from})
         if self.memory: self.memory.end(); self.memory = None

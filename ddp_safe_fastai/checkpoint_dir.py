@@ -187,6 +187,10 @@ class CheckpointDir:
         "Write the checkpoint `name` whole, its manifest, `latest`; rotate old ones"
         Commit(self.storage, self.keep, self.keep_best, count_unfinished=True)(name, files, info, keep, reuse)
 
+    def rotate(self, keep=()): # names never rotated out
+        "Remove the checkpoints beyond the newest `keep` and the best, but those in `keep`: those a commit kept for another reason (not yet uploaded)"
+        Commit(self.storage, self.keep, self.keep_best, count_unfinished=True).rotate(set(keep))
+
     def checkpoints(self):
         "Every checkpoint directory, the latest taken in the run first, incomplete ones last"
         return [self.root/n for n,_ in self.stored.checkpoints()]

@@ -16,8 +16,8 @@ from .rendezvous import (all_gather_object, first_host, group_store, is_main_pro
                          slurm_master, store_outlives_ranks, store_reachable, topology)
 
 # %% auto #0
-__all__ = ['exchange', 'distrib_barrier', 'broadcast_object', 'sync_point', 'raise_any_failure', 'main_process_first',
-           'run_group', 'CheckpointError', 'CheckpointNotFoundError', 'DistributedTimeoutError',
+__all__ = ['exchange', 'distrib_barrier', 'broadcast_object', 'sync_point', 'raise_any_failure', 'failure_of',
+           'main_process_first', 'run_group', 'CheckpointError', 'CheckpointNotFoundError', 'DistributedTimeoutError',
            'StoreUnreachableError', 'RendezvousError', 'RunGroup', 'group_ready', 'slurm_step', 'launched_world',
            'rank_distrib', 'num_distrib', 'Topology', 'topology', 'node_rank_distrib', 'local_rank_distrib',
            'check_scope', 'is_main_process', 'rank_device', 'distrib_timeout', 'store_outlives_ranks',
@@ -59,6 +59,15 @@ def raise_any_failure(failure, # this rank's: None, or why it failed, in words (
                       timeout=None): # seconds to wait for the other ranks
     "All-gather every rank's `failure`: if any rank failed, the same `CheckpointError` on every rank, naming those ranks"
     raise_failures(exchange(failure, what, timeout), what if msg is None else msg)
+
+# %% ../nbs/04_core.ipynb #fc8a4e85
+def failure_of(f, # what this rank does (the others have None to say)
+               *args,
+               errors=CheckpointError, # the errors that are one rank's failure to tell every rank; any other is raised here
+               **kwargs):
+    "None if `f(*args, **kwargs)` returns, else why it failed, in words: what `raise_any_failure` hands every rank"
+    try: f(*args, **kwargs)
+    except errors as e: return str(e) if isinstance(e, CheckpointError) else describe(e)
 
 # %% ../nbs/04_core.ipynb #0ac6a029
 @contextmanager

@@ -9,7 +9,7 @@ from fastcore.basics import *
 from .errors import CheckpointError, describe
 from .rendezvous import is_main_process
 from .ranks import rank_distrib
-from .core import raise_any_failure
+from .core import failure_of, raise_any_failure
 from .files import check_room, state_bytes
 from .written import last_written
 from .background import stage_for_save
@@ -57,11 +57,8 @@ class DurableTier:
 
     def download(self, name):
         "Rank 0 downloads checkpoint `name` from the store unless it has it whole (the others read its bytes, see `read_on_all`); a failure on every rank"
-        why = None
-        if is_main_process(self.scope):
-            try:
-                if not is_complete(self.root/name): self.store.download(name, self.root/name)
-            except Exception as e: why = str(e) if isinstance(e, CheckpointError) else describe(e)  # the store's own errors too
+        needed = is_main_process(self.scope) and not is_complete(self.root/name)
+        why = failure_of(self.store.download, name, self.root/name, errors=Exception) if needed else None  # the store's own errors too
         raise_any_failure(why, 'CheckpointCallback download', f"CheckpointCallback resume from {self.where}")
 
     def check_room(self, name, # the checkpoint about to be committed
@@ -109,12 +106,14 @@ class DurableTier:
         saving,self.saving = self.saving,None
         if saving is not None: saving.result()
 
-    def finish(self):
+    def finish(self, keep=()): # names never rotated out (the checkpoint the run resumed from)
         "As a fit ends: the last checkpoint written, and the store caught up (rank 0 waits up to `upload_timeout`, saying so); a failure raised on every rank"
         self.wait()
         if self.store is not None:
             uploads,self.uploads = self.uploads,None
             finish_uploads(uploads, f"CheckpointCallback {self.where}", self.upload_timeout, self.say)
+            # all sent: the local directory lets go of those it kept until they were
+            if uploads is not None: self.local.rotate(keep)
 
     def close(self):
         "The fit raised: what is pending is sent while the process lives, and the tier lets go of its uploads"

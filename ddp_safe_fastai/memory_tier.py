@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from fastcore.basics import *
 from .errors import CheckpointError, describe
-from .ranks import rank_distrib
+from .ranks import say_on_rank0
 from .rendezvous import local_rank_distrib
-from .core import exchange
+from .core import exchange, failure_of
 from .locations import is_url
 from .files import atomic_write, state_bytes
 from .written import remove_tree
@@ -154,16 +154,13 @@ def restarts_left():
 
 # %% ../nbs/34_memory_tier.ipynb #18fed5c2
 class MemoryTier:
-    "A fit's checkpoints in node memory every `every` training batches: staged as a background save is, written by each node's local rank 0 in a thread of its own"
-    def __init__(self, every, # training batches between two memory checkpoints, counted across epochs
-                 durable, # the run's durable location (a directory or a URL): it names the run's memory folder
+    "A fit's checkpoints in node memory, taken when `SaveSchedule` says: staged as a background save is, written by each node's local rank 0 in a thread of its own"
+    def __init__(self, durable, # the run's durable location (a directory or a URL): it names the run's memory folder
                  memory_dir=None, # the tmpfs (default `/dev/shm`)
                  async_save=True): # write in the memory writer's thread, else in the training thread
         store_attr()
         self.memory,self.writes = MemoryCheckpoints(durable, memory_dir),local_rank_distrib() == 0  # on every rank: where a resume reads
         self.on,self.identity,self.writing,self.staged,self.failure = True,None,None,None,None
-
-    def due(self, train_iter): return self.on and train_iter % self.every == 0
 
     def latest(self, identity): # the run's (`run_identity`), as rank 0 read it
         "On a node's writer: (name, manifest) of the newest complete checkpoint of run `identity` on this world size in this node's memory"
@@ -175,13 +172,11 @@ class MemoryTier:
              later=()): # `data_ptr`s of tensors the training changes only at its next step: copied meanwhile
         "On every rank: hand the random states to every node's writer, which writes `state` as checkpoint `name`; if one cannot, the tier goes off on every rank"
         why = self.failure if self.writes else None  # in words: they go to every rank
-        if self.writes and why is None:
-            try: check_memory_room(self.memory.folder.parent, state_bytes(state))
-            except CheckpointError as e: why = str(e)
+        if self.writes and why is None: why = failure_of(check_memory_room, self.memory.folder.parent, state_bytes(state))
         rngs,whys = zip(*exchange((get_rng_state(), why), 'CheckpointCallback memory checkpoint'))
         if any(whys):
             self.on = False
-            if rank_distrib() == 0: print(f"CheckpointCallback: no more memory checkpoints in this fit ({next(w for w in whys if w)}); the training goes on", flush=True)
+            say_on_rank0('CheckpointCallback', f"no more memory checkpoints in this fit ({next(w for w in whys if w)}); the training goes on")
             return
         if not self.writes: return
         self.staged = background_saves.stage(state, later) if self.async_save else None

@@ -10,8 +10,8 @@ from pathlib import Path
 from fastcore.basics import *
 from .errors import CheckpointError, describe
 from .ranks import distrib_timeout, rank_distrib
-from .core import raise_any_failure
-from .locations import is_url, storage_registry
+from .core import failure_of, raise_any_failure
+from .locations import storage_registry
 from .transport import Behind, upload_failure, will_not_pass
 from .storage import FsspecStorage, storage_for
 from .checkpoint_dir import StoredCheckpoints
@@ -32,11 +32,7 @@ class ObjectStoreDir(StoredCheckpoints):
 def check_writable(storage, # a `CheckpointStorage`
                    what): # the caller, for the message and the all-gather's name: `CheckpointCallback(fname=...)`
     "Raise the same `CheckpointError` on every rank, naming `what` and the place, unless rank 0 can write to `storage`"
-    why = None
-    if rank_distrib() == 0:
-        try: storage.check()
-        except CheckpointError as e: why = str(e)
-    raise_any_failure(why, f"{what} (store)", what)
+    raise_any_failure(failure_of(storage.check) if rank_distrib() == 0 else None, f"{what} (store)", what)
 
 # %% ../nbs/33_object_store.ipynb #564ac9cb
 class CallbackStorage:
@@ -44,16 +40,12 @@ class CallbackStorage:
     _stateattrs = ('_storage', '_storage_options', '__stored_args__')  # left out by `Stateful.__getstate__`; fastcore 1's `store_attr` keeps every argument in `__stored_args__`
     def use_storage(self, where, # a URL, or None for a name under the learner's folder
                     storage=None, # a `CheckpointStorage` handed in: its location instead of `where`
-                    storage_options=None): # with a URL: the fsspec file system's options
-        "Write to `storage` if one is handed in, else to `where`'s, made when first used (a scheme no class is registered for is refused now)"
-        if storage is None and where is not None: storage_registry.class_for(where)
+                    storage_options=None, # with a URL: the fsspec file system's options
+                    refuse_unknown=True): # refuse now a scheme no class is registered for (else: when the storage is first used)
+        "Write to `storage` if one is handed in, else to `where`'s, made when first used"
+        if refuse_unknown and storage is None and where is not None: storage_registry.class_for(where)
         self.where = storage.where if storage is not None else where
         self._storage,self._storage_options,self.storage_given,self.not_saved = storage,storage_options,storage is not None,None
-
-    @property
-    def url(self):
-        "The callback's location where it is a URL of object storage, else None"
-        return self.where if is_url(self.where) else None
 
     @property
     def storage(self):
@@ -81,7 +73,7 @@ class CallbackStorage:
     def __setstate__(self, state):
         not_saved = state.pop('not_saved', None)
         super().__setstate__(state)
-        self.use_storage(self.where)  # the environment's options, until given again
+        self.use_storage(self.where, refuse_unknown=False)  # the environment's options, until given again; a process that loads a Learner to predict may never register the scheme
         self.not_saved = not_saved
 
     def check_storage(self, what): # the caller, for the message: `CheckpointCallback(fname=...)`
@@ -89,9 +81,9 @@ class CallbackStorage:
         try: check_writable(self.storage, what)
         except CheckpointError as e:
             if not self.not_saved: raise
-            attr = self.not_saved.split()[0]
-            raise CheckpointError(f"{e} (its {self.not_saved} never saved with the Learner: set {'it' if attr == 'storage' else 'them'} again, "
-                                  f"`learn.{self.name}.{attr} = {{...}}`, or give them in the environment)") from None
+            again = f"it again, `learn.{self.name}.storage = {type(self.storage).__name__}(...)`" if self.not_saved.startswith('storage ') else \
+                    f"them again, `learn.{self.name}.storage_options = {{...}}`, or give them in the environment"
+            raise CheckpointError(f"{e} (its {self.not_saved} never saved with the Learner: set {again})") from None
 
 # %% ../nbs/33_object_store.ipynb #7226b978
 class BackgroundUploads:

@@ -9,7 +9,7 @@ from contextlib import suppress
 from pathlib import Path
 from fastcore.imports import noop
 from .errors import CheckpointError, describe
-from .locations import is_url, local_copy_name, local_path, register_storage, storage_registry
+from .locations import destination, is_url, local_path, register_storage, storage_registry
 from .files import atomic_torch_save, atomic_write, check_room, flush_to_disk, give_back_pages, holds
 from .written import link_written, remove_tree, replaced_since_written, unlink_written, written_files
 from .transport import bound_s3_requests, RemoteFiles, retrying, s3_defaults
@@ -59,7 +59,7 @@ class CheckpointStorage:
     def exists(self): "Is there anything there (a directory, a bucket, a prefix with files)?"; raise NotImplementedError
     def abort_unfinished_uploads(self): "Abort what killed runs left half-sent there (S3's multipart uploads); their names"; return []
     # single files
-    def put_file(self, local, name, until=None, failed=noop): "Write the local file `local` as `name`, whole, trying until `until`; `failed(e)` is told of a failure tried again"; raise NotImplementedError
+    def put_file(self, local, name, until=None, failed=noop): "Write the local file `local` as `name`, whole, trying until `until`; `failed(e)` is told of a failure tried again (here: `put`, once)"; self.put(local, name)
     def get_file(self, name, local): "Copy `name` to the local file `local`, put in place whole; `CheckpointError` if it cannot be"; raise NotImplementedError
 
 # %% ../nbs/31_storage.ipynb #c0a640fe
@@ -126,7 +126,6 @@ class LocalStorage(CheckpointStorage):
         if why: raise CheckpointError(f"copy {src} to {local}: {why}")
 
     def exists(self): return self.root.is_dir()
-    def put_file(self, local, name, until=None, failed=noop): self.put(local, name)
     def get_file(self, name, local):
         try: atomic_write(Path(local), lambda tmp: shutil.copyfile(self.root/name, tmp), self.durable)
         except FileNotFoundError as e: raise CheckpointError(f"copy {self.root/name}: {describe(e)}") from e
@@ -248,5 +247,7 @@ def file_place(fname, # a file's name under `folder`; or a URL of object storage
     "Where a single file goes: its local path, the location it is also sent to (None: written locally alone), and its name there"
     if storage is not None and is_url(fname): raise ValueError(f"{fname}: a URL and a storage ({storage!r}) are both given: give one")
     if storage is not None and storage.local is not None: return Path(storage.local)/fname,None,fname
-    where,name = (storage.where,fname) if storage is not None else fname.rstrip('/').rpartition('/')[0::2] if is_url(fname) else (None,fname)
-    return Path(folder)/(local_copy_name(f"{where}/{name}") if where else fname),where,name
+    local,url = destination(fname if storage is None else f"{storage.where}/{fname}", folder)
+    if url is None: return local,None,fname
+    where,_,name = url.rpartition('/')
+    return local,where,name

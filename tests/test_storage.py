@@ -32,7 +32,6 @@ class FolderStore(CheckpointStorage):
         with open(self._at(*names), 'rb') as f:
             if (why := copy_checked(f, local, names[-1], entry)): raise CheckpointError(f"{self.where}/{'/'.join(names)}: {why}")
     def exists(self): return self.root.is_dir()
-    def put_file(self, local, name, until=None, failed=None): self.put(local, name)
     def get_file(self, name, local): self._write(Path(local), lambda tmp: shutil.copyfile(self._at(name), tmp))
 
 register_storage('folder', FolderStore)  # in every process that imports this module: the ranks and the test
