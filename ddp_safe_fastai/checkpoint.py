@@ -191,6 +191,7 @@ class CheckpointCallback(CallbackStorage, Callback):
             raise ValueError(f"CheckpointCallback(keep_local={keep_local!r}): a number of checkpoints, at least 1, with a URL `fname` "
                              f"(here {fname!r}: {'a URL' if self.sent else 'a local directory, which keeps `keep`'})")
         self.schedule = SaveSchedule(every_epoch, every_iters, every_minutes, memory_every_iters)
+        self.trained = False  # since the last `after_epoch`, an epoch of a fit trained
         self.resumed_from,self.resumed_tier = None,None  # where the fit resumed from: its name, and 'disk', 'bucket' or 'memory'
         self.fit_no,self.epochs_before,self.within,self.tracked = -1,0,None,None
         self._init_state()  # the fit's parts, made as it starts
@@ -275,6 +276,7 @@ class CheckpointCallback(CallbackStorage, Callback):
             self.segment_start = resume_within_epoch(self.learn, *self.within)
             self.within,self.done = None,list(state['done'])
         self.epoch_dl_rng = [dl.rng.getstate() for dl in inner_dls(self.learn)]
+        self.trained = True  # an epoch of the fit: `get_preds` and `validate` send `after_epoch` too, with no training before it
 
     def before_batch(self):
         "On the main process: is the checkpoint on the clock after this batch?"
@@ -299,6 +301,8 @@ class CheckpointCallback(CallbackStorage, Callback):
 
     def after_epoch(self):
         "Save a checkpoint after every `every_epoch` epochs"
+        if not self.trained: return
+        self.trained = False
         if self.schedule.epoch_due(self.epoch): self._checkpoint()
 
     def after_cancel_fit(self):
