@@ -17,6 +17,7 @@ from .core import broadcast_object, distrib_barrier, exchange, main_process_firs
 from .files import atomic_torch_save, atomic_write, flush_to_disk
 from .directories import dir_is_shared, prepare_dir
 from .reads import load_state
+from .safe_unpickle import export_report
 from .persist import save_state
 from .storage import storage_for
 from .checkpoint_dir import checkpoints_report, StoredCheckpoints, training_position_of
@@ -431,6 +432,10 @@ def _memory_report(durable, # the run's durable location: a local directory (abs
 
 # %% ../nbs/60_check.ipynb #0b9085a2
 def _inspect_main(a):
+    if Path(a.path).is_file():  # an export: what it would import and call, and whether the default load admits it
+        try: report,admitted = export_report(a.path)
+        except Exception as e: print(f"{a.path}: not a pickle this can read ({describe(e)})"); return 2
+        print(report); return 0 if admitted else 1
     try: storage = storage_for(a.path)  # a local directory, or a store's URL, as `CheckpointCallback(fname=...)` names them
     except Exception as e: print(f"{a.path}: {describe(e)}"); return 2
     if storage.local is None:  # a bucket's checkpoints, as `CheckpointCallback(fname=URL)` uploads them
@@ -470,8 +475,9 @@ def main(argv=None): # the arguments (default: the command line's)
     d = sub.add_parser('dir', help="check a checkpoint directory before a long run")
     d.add_argument('path')
     d.add_argument('--nproc', type=int, default=2, help="local CPU ranks (default 2)")
-    i = sub.add_parser('inspect', help="what a CheckpointCallback directory holds, and which checkpoint a resume takes")
-    i.add_argument('path', help="learn.path/learn.model_dir/fname (models/ckpt by default), or the URL of CheckpointCallback(fname=URL)")
+    i = sub.add_parser('inspect', help="what a CheckpointCallback directory holds, and which checkpoint a resume takes; "
+                       "given an export, what it would import and call, and whether load_learner admits it (nothing from it is run)")
+    i.add_argument('path', help="learn.path/learn.model_dir/fname (models/ckpt by default), the URL of CheckpointCallback(fname=URL), or an export.pkl")
     i.add_argument('--memory-dir', default=None, help="the tmpfs of CheckpointCallback(memory_dir=...) (default /dev/shm)")
     m = sub.add_parser('memory', help="this user's checkpoints in node memory; --remove those whose runs are gone")
     m.add_argument('--memory-dir', default=None, help="the tmpfs (default /dev/shm)")

@@ -4,10 +4,11 @@
 
 # %% ../nbs/00_errors.ipynb #9c26585e
 from __future__ import annotations
+import pickle
 
 # %% auto #0
 __all__ = ['CheckpointError', 'CheckpointNotFoundError', 'DistributedTimeoutError', 'StoreUnreachableError', 'RendezvousError',
-           'FileMissing', 'error_for', 'raise_failures', 'describe']
+           'UnsafeExportError', 'FileMissing', 'ExportRefused', 'error_for', 'raise_failures', 'describe']
 
 # %% ../nbs/00_errors.ipynb #2b32a525
 class CheckpointError(RuntimeError):
@@ -29,13 +30,22 @@ class StoreUnreachableError(CheckpointError, ConnectionError):
 class RendezvousError(CheckpointError, ConnectionError):
     "The launcher named several processes, but this one could not reach them: the message names the call and what to do"
 
+# %% ../nbs/00_errors.ipynb #acc20d57
+class UnsafeExportError(CheckpointError, pickle.UnpicklingError):
+    "A pickle refused for what it would import or run: the message names the global, where the file met it, and how to admit it"
+
 # %% ../nbs/00_errors.ipynb #84f1553c
 class FileMissing(str):
     "A failure that is a missing file: `raise_failures` then raises a `CheckpointNotFoundError`"
 
+# %% ../nbs/00_errors.ipynb #dc4cfe59
+class ExportRefused(str):
+    "A failure that is a refused pickle: `raise_failures` then raises an `UnsafeExportError`"
+
 # %% ../nbs/00_errors.ipynb #7a07b86b
 def error_for(failures, msg):
-    "The error `msg` for `failures`: a `CheckpointNotFoundError` if one is a `FileMissing`, else a `CheckpointError`"
+    "The error `msg` for `failures`: `UnsafeExportError` if one is an `ExportRefused`, `CheckpointNotFoundError` if one is a `FileMissing`, else `CheckpointError`"
+    if any(isinstance(f, ExportRefused) for f in failures): return UnsafeExportError(msg)
     return (CheckpointNotFoundError if any(isinstance(f, FileMissing) for f in failures) else CheckpointError)(msg)
 
 # %% ../nbs/00_errors.ipynb #c8b087d5

@@ -4,7 +4,7 @@
 
 # %% ../nbs/41_learner.ipynb #3bd49f32
 from __future__ import annotations
-import os, pickle, warnings
+import os, warnings
 from functools import partial
 from pathlib import Path
 import torch, cloudpickle
@@ -15,6 +15,7 @@ from fastai.torch_core import default_device, apply, one_param
 from fastai.data.core import DataLoaders
 from fastai.learner import Learner
 from .errors import CheckpointNotFoundError
+from .safe_unpickle import pickle_module_for
 from .ranks import distrib_timeout, rank_distrib, run_group
 from .rendezvous import rank_device
 from .core import broadcast_object
@@ -156,13 +157,24 @@ def export(self:Learner,
 # %% ../nbs/41_learner.ipynb #5b240aef
 _fastai_load_learner = fastai_original(fastai.learner, 'load_learner')
 
+def _without_pickle_warning(read):
+    "`read`, without fastai's warning that the load may run any code: this one runs none from the file"
+    def read_export(file):
+        with warnings.catch_warnings():
+            warnings.filterwarnings('ignore', message="load_learner` uses Python's insecure pickle")
+            return read(file)
+    return read_export
+
 @delegates(read_on_all, but='read,what,scope')
 def load_learner(fname, # the exported file
                  cpu=True, # put the `Learner` on the CPU
-                 pickle_module=pickle, # as for `torch.load`
+                 pickle_module=None, # as for `torch.load`, with `trust=True` only (default: `pickle`)
+                 trust=False, # fastai's load: the file may import and run any code (your own files only)
+                 allow=(), # your classes and functions the file may use, beside what fastai's exports need
                  **kwargs):
-    "Load a `Learner` exported with `Learner.export`, on every rank, fresh and whole (a pickle: trusted files only)"
-    return read_on_all(fname, partial(_fastai_load_learner, cpu=cpu, pickle_module=pickle_module), 'load_learner', **kwargs)
+    "Load a `Learner` exported with `Learner.export`, on every rank, fresh and whole, importing and running only what fastai's exports need and `allow` names (everything with `trust`)"
+    read = partial(_fastai_load_learner, cpu=cpu, pickle_module=pickle_module_for('load_learner', trust, allow, pickle_module))
+    return read_on_all(fname, read if trust else _without_pickle_warning(read), 'load_learner', **kwargs)
 
 rebind_fastai(fastai.learner, 'load_learner', load_learner)
 
@@ -181,9 +193,12 @@ def _save_dataloaders(self:DataLoaders,
 def load_dataloaders(path='.', # the directory
                      file='dls.pkl', # file name in `path`
                      device=None, # where batches go (default: this rank's device)
+                     trust=False, # the file may import and run any code (your own files only)
+                     allow=(), # your classes and functions the file may use, beside what fastai's DataLoaders need
                      **kwargs):
-    "Load `DataLoaders` saved with `DataLoaders.save`, on every rank (a pickle: trusted files only)"
-    dls = load_state(Path(path)/file, 'cpu', weights_only=False, what='load_dataloaders', **kwargs)
+    "Load `DataLoaders` saved with `DataLoaders.save`, on every rank, admitting what `load_learner` admits"
+    dls = load_state(Path(path)/file, 'cpu', weights_only=False, what='load_dataloaders',
+                     pickle_module=pickle_module_for('load_dataloaders', trust, allow), **kwargs)
     return dls.to(ifnone(device, rank_device() if run_group.group() is not None else default_device()))
 
 # %% ../nbs/41_learner.ipynb #86a492b5

@@ -11,7 +11,7 @@ import numpy as np, torch, torch.distributed as dist
 from fastcore.basics import *
 from fastcore.foundation import L
 from fastcore.meta import delegates
-from .errors import CheckpointError, DistributedTimeoutError, error_for, FileMissing
+from .errors import CheckpointError, DistributedTimeoutError, error_for, FileMissing, UnsafeExportError, ExportRefused
 from .ranks import check_scope, local_io, rank_distrib
 from .rendezvous import join_launched_group, rank_device, topology
 from .core import exchange, raise_any_failure
@@ -31,6 +31,7 @@ def _why_unreadable(e, file=None):
     "What a failed read of a checkpoint means, in words, without the rank (ranks are listed beside it)"
     msg = str(e).split('\n')[0]
     if isinstance(e, FileNotFoundError): return FileMissing("no such file")
+    if isinstance(e, UnsafeExportError): return ExportRefused(str(e))
     if isinstance(e, PermissionError): return "permission denied"
     if isinstance(e, IsADirectoryError): return "it is a directory"
     if 'Weights only load failed' in str(e):

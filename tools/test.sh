@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # "dev" (nbdev 2.4.14, fastcore 1.14, fastai 2.8.7): notebooks, lint, packaging, the documentation site, and the tests
-# that pin fastai 2.8.7 (drop-in behaviour, the table of changes, the census of writers); "latest" (fastai 2.8.12, what
+# that pin fastai 2.8.7 (drop-in behaviour, the table of changes, the census of writers, its exports loaded safely); "latest" (fastai 2.8.12, what
 # `pip install fastai` gives a user): the whole behavioural suite, once, in three pytest workers (pytest-xdist: many tests
 # wait, for a scheduler, a store, a kill; those that share a server or addresses run on one worker, see conftest.py)
 set -euo pipefail
@@ -48,8 +48,8 @@ if wait $azurite_start; then cat "$azurite_log"; else cat "$azurite_log"; echo "
 export SLURM_CONF=$slurm_dir/slurm.conf DDP_SAFE_SWIFT_DIR=$swift_dir DDP_SAFE_AZURITE_DIR=$azurite_dir
 echo "== dev: the site in headless Chromium: links, anchors and images resolve, search lands on an entry, 375 px layout"
 .venv-dev/bin/python tools/browser_check.py
-echo "== dev: fastai 2.8.7 pinned: drop-in behaviour, the table of changes, the census of writers"
-(cd tests && ../.venv-dev/bin/python -m pytest "${pytest_args[@]}" test_learner_dropin.py test_changes.py)
+echo "== dev: fastai 2.8.7 pinned: drop-in behaviour, the table of changes, the census of writers, exports of its stack loaded safely"
+(cd tests && ../.venv-dev/bin/python -m pytest "${pytest_args[@]}" test_learner_dropin.py test_changes.py test_safe_load.py)
 echo "== latest: behavioural tests, their ranks on the CPU (a GPU is hidden from them: two ranks of one GPU would get an nccl group, which NCCL refuses)"
 # every process of the suite (hundreds: ranks, launchers) imports the package: compiled once here (where PYTHONDONTWRITEBYTECODE is set, as
 # on these machines, each would compile it again); one thread a process for torch's own work, as torchrun sets it for its workers

@@ -1,0 +1,143 @@
+"""A corpus of real fastai exports, made by this process as a user makes them: the five applications in seven variants,
+with metrics and callbacks, functions and lambdas defined in `__main__` (cloudpickle carries those by value).
+
+    python export_corpus.py OUT   # OUT/{variant}.pkl, and OUT/corpus.json: each variant's sample input and prediction
+
+Data is made here (scikit-learn's bundled digits, tables and texts; masks drawn from the digits): nothing is downloaded.
+Where torchvision does not import beside this environment's torch (the dev environment's CPU wheel), the vision
+variants are left out and `corpus.json` says so."""
+import sys, json, warnings
+from pathlib import Path
+import numpy as np, pandas as pd
+from PIL import Image
+from fastai.tabular.all import *
+from fastai.collab import *
+from fastai.text.all import *
+from ddp_safe_fastai.all import *
+
+warnings.filterwarnings('ignore')
+
+def torchvision_imports():
+    import importlib
+    try: importlib.import_module('torchvision.models')
+    except Exception: return False
+    return True
+
+def digit_files(path, n=60):
+    "`n` of scikit-learn's digits as `path/{train,valid}/LABEL/LABEL_N.png`, and each one's mask (`path/masks`)"
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    files = []
+    for i,(img,y) in enumerate(zip(d.images[:n], d.target[:n])):
+        f = path/('valid' if i % 5 == 0 else 'train')/str(y)/f'{y}_{i}.png'
+        f.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray((img*255/16).astype(np.uint8)).resize((32, 32)).save(f)
+        m = path/'masks'/f.name
+        m.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray((img > 8).astype(np.uint8)).resize((32, 32), Image.NEAREST).save(m)
+        files.append(f)
+    return files
+
+def label_func(name): return name.split('_')[0]   # a named function of `__main__`: carried by value
+def centre_of(f): return tensor([[16., 16.]])  # a point on each image
+def mask_of(f): return f.parent.parent.parent/'masks'/f.name if f.parent.parent.name in ('train', 'valid') else f
+
+def fit_and_export(learn, out, name, sample, predict=lambda l, x: l.predict(x)):
+    "One short fit, then the export; what the exporting process predicts for `sample`"
+    with learn.no_bar(): learn.fit(1, 1e-3)
+    learn.export(Path(out).absolute()/f'{name}.pkl')
+    learn.dls.save(Path(out).absolute()/f'{name}_dls.pkl')
+    with learn.no_bar(): pred = predict(learn, sample)
+    return dict(pred=pred[0] if isinstance(pred[0], list) else str(pred[0]), probs=[round(float(p), 4) for p in pred[2].flatten()[:8]])
+
+def vision(out, path):
+    from fastai.vision.all import (ImageDataLoaders, SegmentationDataLoaders, Resize, vision_learner, unet_learner, resnet18,
+                                   resnet34, aug_transforms, imagenet_stats, RandomResizedCrop, FlipItem, DataBlock, ImageBlock,
+                                   PointBlock, RandomSplitter, xresnet18, MixUp, top_k_accuracy)
+    files = digit_files(path/'digits')
+    sample = str(files[0])
+    made = {}
+    set_seed(1)
+    dls = ImageDataLoaders.from_name_func(path, files, label_func, item_tfms=Resize(32), bs=8, num_workers=0)
+    made['vision_name_func'] = fit_and_export(vision_learner(dls, resnet18, pretrained=False, metrics=accuracy,
+                                                             cbs=[SafeSaveModelCallback(monitor='accuracy')]), out, 'vision_name_func', sample)
+    set_seed(1)
+    dls = ImageDataLoaders.from_name_func(path, files, lambda name: name.split('_')[0], item_tfms=Resize(32), bs=8, num_workers=0)
+    learn = vision_learner(dls, resnet18, pretrained=False, metrics=[accuracy, error_rate],
+                           cbs=[SaveModelCallback(), EarlyStoppingCallback(patience=3)])
+    made['vision_lambda'] = fit_and_export(learn, out, 'vision_lambda', sample)
+    set_seed(1)
+    augment = [*aug_transforms(size=32), *aug_transforms(do_flip=False, max_rotate=10), *aug_transforms(max_lighting=0.3, p_lighting=1.),
+               Normalize.from_stats(*imagenet_stats)]  # fastai's defaults, the examples' rotation, lighting
+    dls = ImageDataLoaders.from_folder(path/'digits', train='train', valid='valid', bs=8, num_workers=0, batch_tfms=augment,
+                                       item_tfms=[RandomResizedCrop(32, min_scale=0.5), FlipItem(0.5)])
+    made['vision_folders'] = fit_and_export(vision_learner(dls, resnet34, pretrained=False, metrics=accuracy), out, 'vision_folders', sample)
+    set_seed(1)  # fastai's examples/distrib.py: a whole xresnet, MixUp, two metrics
+    learn = Learner(dls, xresnet18(n_out=10), metrics=[accuracy, top_k_accuracy], cbs=MixUp(0.1))
+    made['vision_xresnet'] = fit_and_export(learn, out, 'vision_xresnet', sample)
+    set_seed(1)
+    dls = SegmentationDataLoaders.from_label_func(path, files, mask_of, codes=['background', 'ink'], bs=4, num_workers=0)
+    learn = unet_learner(dls, resnet18, pretrained=False, n_out=2)
+    seg = lambda l, x: (l.predict(x)[0], None, l.predict(x)[2])
+    made['segmentation'] = fit_and_export(learn, out, 'segmentation', sample, seg)
+    made['segmentation']['pred'] = int(learn.predict(sample)[0].sum())
+    set_seed(1)
+    points = DataBlock(blocks=(ImageBlock, PointBlock), get_y=centre_of, splitter=RandomSplitter(seed=1),
+                       item_tfms=Resize(32), batch_tfms=aug_transforms(size=32))
+    dls = points.dataloaders(files, bs=8, num_workers=0)
+    made['keypoints'] = fit_and_export(vision_learner(dls, resnet18, pretrained=False, y_range=(-1, 1)), out, 'keypoints', sample,
+                                       lambda l, x: (l.predict(x)[0].flatten().tolist(), None, l.predict(x)[2]))
+    return made, sample
+
+def tabular(out, path):
+    from sklearn.datasets import load_breast_cancer
+    df = load_breast_cancer(as_frame=True).frame
+    df['diagnosis'] = df.pop('target').map({0: 'malignant', 1: 'benign'})
+    df['size'] = pd.qcut(df['mean radius'], 4, labels=['small', 'medium', 'large', 'very large']).astype(str)
+    cont = [c for c in df.columns if c not in ('diagnosis', 'size')][:8]
+    set_seed(1)
+    dls = TabularDataLoaders.from_df(df, path, procs=[Categorify, FillMissing, Normalize], cat_names=['size'],
+                                     cont_names=cont, y_names='diagnosis', valid_idx=list(range(0, len(df), 5)), bs=32)
+    learn = tabular_learner(dls, layers=[16, 8], metrics=accuracy, cbs=[CheckpointCallback()])
+    return fit_and_export(learn, out, 'tabular', df.iloc[0], lambda l, x: (l.predict(x)[1], None, l.predict(x)[2])), df.iloc[0].to_dict()
+
+def collab(out, path):
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame(dict(user=rng.integers(0, 20, 400), film=rng.choice([f'film{i}' for i in range(15)], 400),
+                           rating=rng.integers(1, 6, 400).astype(float)))
+    set_seed(1)
+    dls = CollabDataLoaders.from_df(df, user_name='user', item_name='film', rating_name='rating', bs=64, path=path)
+    learn = collab_learner(dls, n_factors=8, y_range=(0.5, 5.5))
+    sample = df.iloc[:3]
+    def predict(l, x):
+        p = l.get_preds(dl=l.dls.test_dl(x))[0]
+        return (None, None, p)
+    res = fit_and_export(learn, out, 'collab', sample, predict)
+    return res, sample.to_dict('list')
+
+def text(out, path):
+    from pydoc_data.topics import topics
+    rows = [(' '.join(p.split()), 'python docs' if i % 2 else 'other') for i,p in enumerate(
+            p for t in list(topics.values())[:40] for p in t.split('\n\n') if 100 <= len(p) <= 400)][:80]
+    df = pd.DataFrame(rows, columns=['text', 'label'])
+    set_seed(1)
+    dls = TextDataLoaders.from_df(df, path, text_col='text', label_col='label', valid_pct=0.2, seed=1, bs=8, num_workers=0)
+    learn = text_classifier_learner(dls, AWD_LSTM, config={**awd_lstm_clas_config, 'emb_sz': 16, 'n_hid': 16, 'n_layers': 1},
+                                    pretrained=False, metrics=accuracy)
+    sample = "The import statement finds a module and binds a name."
+    return fit_and_export(learn, out, 'text', sample), sample
+
+if __name__ == '__main__':
+    out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
+    work = out/'data'
+    made, samples = {}, {}
+    if torchvision_imports():
+        images,sample = vision(out, work)
+        made.update(images); samples.update({k: sample for k in images})
+    made['tabular'],samples['tabular'] = tabular(out, work)
+    made['collab'],samples['collab'] = collab(out, work)
+    made['text'],samples['text'] = text(out, work)
+    import fastai, fastcore
+    (out/'corpus.json').write_text(json.dumps(dict(fastai=fastai.__version__, fastcore=fastcore.__version__, torch=torch.__version__,
+        vision=torchvision_imports(), made=made, samples=samples), indent=1, default=str))
+    print(json.dumps({k: v['pred'] for k,v in made.items()}))

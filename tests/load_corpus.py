@@ -1,0 +1,46 @@
+"""A user's loading script for the exports `export_corpus.py` made: `load_learner` and `load_dataloaders` with their
+defaults, and a prediction from each Learner.
+
+    python load_corpus.py CORPUS define|none   # CORPUS/loaded-{define,none}.json
+
+`define`: this script defines the exporter's functions in `__main__` first (fastai's instruction: define `label_func`
+before `load_learner`); `none`: it defines none of them."""
+import sys, json, warnings
+from pathlib import Path
+import pandas as pd
+from fastai.tabular.all import *
+from ddp_safe_fastai.all import *
+
+warnings.filterwarnings('ignore')
+corpus, mode = Path(sys.argv[1]), sys.argv[2]
+if mode == 'define':
+    def label_func(name): return name.split('_')[0]
+    def centre_of(f): return tensor([[16., 16.]])
+    def mask_of(f): return f.parent.parent.parent/'masks'/f.name if f.parent.parent.name in ('train', 'valid') else f
+
+def predict(name, learn, sample):
+    "What the exporting process recorded of `sample`, predicted by this one"
+    with learn.no_bar():
+        if name == 'collab':
+            return dict(pred='None', probs=[round(float(p), 4) for p in learn.get_preds(dl=learn.dls.test_dl(pd.DataFrame(sample)))[0].flatten()[:8]])
+        if name == 'tabular': sample = pd.Series(sample)
+        res = learn.predict(sample)
+    if name == 'segmentation': return dict(pred=int(res[0].sum()), probs=[round(float(p), 4) for p in res[2].flatten()[:8]])
+    if name == 'keypoints': return dict(pred=res[0].flatten().tolist(), probs=[round(float(p), 4) for p in res[2].flatten()[:8]])
+    return dict(pred=str(res[1] if name == 'tabular' else res[0]), probs=[round(float(p), 4) for p in res[2].flatten()[:8]])
+
+def label_of(learn):
+    "The label a vision export's y pipeline gives `3_1.png`, or the error it raises (the exporter's function, or its stand-in)"
+    try: return learn.dls.valid_ds.tls[1].tfms.fs[0](Path('digits/valid/3/3_1.png'))
+    except UnsafeExportError as e: return f"UnsafeExportError: {e}"
+
+made = json.loads((corpus/'corpus.json').read_text())
+out = {}
+for name, sample in made['samples'].items():
+    try:
+        learn = load_learner(corpus/f'{name}.pkl')
+        dls = load_dataloaders(corpus, f'{name}_dls.pkl', device='cpu')
+        out[name] = dict(predicted=predict(name, learn, sample), dls=type(dls).__name__,
+                         label=label_of(learn) if name.startswith('vision_') else None)
+    except Exception as e: out[name] = dict(error=f"{type(e).__name__}: {e}")
+(corpus/f'loaded-{mode}.json').write_text(json.dumps(out, indent=1, default=str))
