@@ -1,0 +1,25 @@
+"""The cost of `load_learner`'s safe default: a vision export of about 90 MB (`tests/export_corpus.py`'s
+`vision_folders`: resnet34, the augmentations of fastai's defaults), loaded with `safe_unpickle`'s `ExportUnpickler`
+and with fastai's own `load_learner` (`pickle`), each once untimed, then interleaved, 5 of each; their medians and their
+ratio. Not part of the
+tests; run `../.venv-latest/bin/python safe_load.py` from here."""
+import sys, time, pickle, warnings, tempfile, statistics, subprocess
+from pathlib import Path
+from ddp_safe_fastai.all import load_learner
+from ddp_safe_fastai.learner import _fastai_load_learner
+
+def main(runs=5):
+    warnings.filterwarnings('ignore')
+    with tempfile.TemporaryDirectory() as d:
+        subprocess.run([sys.executable, Path(__file__).parent.parent/'tests'/'export_corpus.py', d], check=True, capture_output=True, cwd=d)
+        f = Path(d)/'vision_folders.pkl'
+        safe,fastai_load = [],[]
+        load_learner(f); _fastai_load_learner(f, pickle_module=pickle)  # each once, untimed: the first load of a process imports and warms up
+        for _ in range(runs):  # interleaved: a machine that slows down slows both
+            t = time.perf_counter(); load_learner(f); safe.append(time.perf_counter() - t)
+            t = time.perf_counter(); _fastai_load_learner(f, pickle_module=pickle); fastai_load.append(time.perf_counter() - t)
+        s,p = statistics.median(safe),statistics.median(fastai_load)
+        print(f"| export | MB | safe load (median of {runs}) | fastai's load_learner | ratio |\n|---|---|---|---|---|\n"
+              f"| vision_folders (resnet34) | {f.stat().st_size/1e6:.0f} | {s*1000:.0f} ms | {p*1000:.0f} ms | {s/p:.2f}x |")
+
+if __name__ == '__main__': main()
