@@ -65,6 +65,12 @@ def test_policy_is_the_corpus(corpus):
         for part in n.split('.'): obj = getattr(obj, part, None)
         assert obj is None or callable(obj), (m, n)
 
+def test_every_guard_has_its_check():
+    "Each `guard` entry of the policy names a check of the unpickler (a `guard` with none would fail every load that meets it)"
+    from ddp_safe_fastai.safe_unpickle import ExportUnpickler
+    guards = [n for (m,n),a in export_policy().items() if a.kind == 'guard']
+    assert len(guards) >= 14 and all(hasattr(ExportUnpickler, f"_guard_{n.rsplit('.', 1)[-1].strip('_')}") for n in guards), guards
+
 # --- malicious exports: a real Learner's export carrying a payload, refused before any of it runs
 class Reduce:
     "What a malicious export carries: an object whose pickle calls `func(*args)` as it loads (`__reduce__`)"
