@@ -346,6 +346,14 @@ def _nested_codes(code):
     for c in code.co_consts:
         if isinstance(c, types.CodeType): yield c; yield from _nested_codes(c)
 
+def _py3_name(module, name):
+    "(module, name) as Python 3 names them: protocol 2's Python 2 names mapped as pickle maps them (`__builtin__.reduce` is `functools.reduce`)"
+    return _compat_pickle.NAME_MAPPING.get((module, name), (_compat_pickle.IMPORT_MAPPING.get(module, module), name))
+
+def _lets(kind, how):
+    "Does an entry of `kind` let the file `how` ('call', or 'new': build with `__new__`) it while loading?"
+    return kind in ('call', 'guard') or (how == 'new' and kind == 'new')
+
 def _resolve(module, name):
     "The global `name` of `module`, imported (an admitted one only); a method as its class holds it (a classmethod's function)"
     obj = importlib.import_module(module)
@@ -386,13 +394,11 @@ class ExportUnpickler(pickle._Unpickler):
         return obj
 
     def find_class(self, module, name):
-        if self.proto < 3 and self.fix_imports:
-            if (module, name) in _compat_pickle.NAME_MAPPING: module,name = _compat_pickle.NAME_MAPPING[(module, name)]
-            elif module in _compat_pickle.IMPORT_MAPPING: module = _compat_pickle.IMPORT_MAPPING[module]
+        if self.proto < 3 and self.fix_imports: module,name = _py3_name(module, name)
         full = f"{module}.{name}"
         if (module, name) in self.allowed: return self.note(self.allowed[(module, name)], full, 'call')
         admitted = self.policy.get((module, name))
-        if admitted is None: return self.note(StandIn(full, _HOW.format(name=full)), full, 'stand-in')
+        if admitted is None: return self.stand_in(full)
         if admitted.kind == 'guard': return self.note(getattr(self, f"_guard_{name.rsplit('.', 1)[-1].strip('_')}"), full, 'call')
         try: obj = _resolve(module, name)
         except (ImportError, AttributeError) as e:
@@ -400,12 +406,16 @@ class ExportUnpickler(pickle._Unpickler):
                                          "was it exported with other versions of fastai and its libraries?") from None
         return self.note(obj, full, admitted.kind)
 
+    def stand_in(self, full):
+        "A `StandIn` for the global `full` the policy does not admit, noted as one"
+        return self.note(StandIn(full, _HOW.format(name=full)), full, 'stand-in')
+
     def kind(self, obj): return self.met.get(id(obj), (None, None))
 
     def check_call(self, func, how='call'):
         "Refuse unless the file may call `func` now: admitted to be called (`how='new'`: built with `__new__`)"
         name,kind = self.kind(func)
-        if kind == 'call' or (how == 'new' and kind == 'new'): return
+        if _lets(kind, how): return
         if kind == 'stand-in': self.refuse(f"it would call {name} while loading, which the policy does not admit", func.how)
         if kind is None: self.refuse(f"it would call an object it made ({type(func).__name__}) while loading")
         self.refuse(f"it would {'build' if how == 'new' else 'call'} {name} while loading; the policy lets it only "
@@ -458,9 +468,7 @@ class ExportUnpickler(pickle._Unpickler):
         if not (isinstance(obj, type) and kind in ('refer', 'new', 'call') and isinstance(name, str) and not default):
             self.refuse(f"it would call getattr on {owner or 'a ' + type(obj).__name__}, {name!r}: only a method of an admitted class is read so")
         admitted = self.policy.get((obj.__module__, f"{obj.__qualname__}.{name}"))
-        if admitted is None or admitted.kind == 'guard':
-            full = f"{owner}.{name}"
-            return self.note(StandIn(full, _HOW.format(name=full)), full, 'stand-in')
+        if admitted is None or admitted.kind == 'guard': return self.stand_in(f"{owner}.{name}")
         return self.note(getattr(obj, name), f"{owner}.{name}", admitted.kind)
 
     def _guard_builtin_type(self, name):
@@ -635,7 +643,7 @@ def export_uses(data):
     import pickletools
     uses,carried,stack,marks,memo = {},[],[],[],{}
     def glob(m, n):
-        key = _compat_pickle.NAME_MAPPING.get((m, n), (_compat_pickle.IMPORT_MAPPING.get(m, m), n))
+        key = _py3_name(m, n)
         uses.setdefault(key, set()); return ('global', key)
     def use(item, how):
         if item[0] == 'global': uses[item[1]].add(how)
@@ -682,8 +690,7 @@ def export_report(file, # an `export.pkl`, a `dls.pkl`, any pickle `torch.save` 
     called = sorted(k for k,u in uses.items() if 'call' in u)
     built = sorted(k for k,u in uses.items() if 'new' in u and 'call' not in u)
     referred = sorted(k for k,u in uses.items() if not u)
-    refused = [k for k in called if getattr(policy.get(k), 'kind', None) not in ('call', 'guard')]
-    refused += [k for k in built if getattr(policy.get(k), 'kind', None) not in ('new', 'call')]
+    refused = [k for how,ks in (('call', called), ('new', built)) for k in ks if not _lets(getattr(policy.get(k), 'kind', None), how)]
     lines = [f"{file}: a pickle naming {len(uses)} globals",
              f"would call while loading ({len(called)}): " + ', '.join(map(name, called)),
              f"would build ({len(built)}): " + ', '.join(map(name, built)),

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest, torch, cloudpickle
 from fasttransform.transform import Transform
 from ddp_safe_fastai.all import load_learner, UnsafeExportError
-from ddp_safe_fastai.safe_unpickle import export_policy
+from ddp_safe_fastai.safe_unpickle import export_policy, export_uses, pickle_of
 from conftest import values, ranks
 
 HERE = Path(__file__).parent
@@ -22,17 +22,7 @@ def corpus(tmp_path_factory):
 
 def exports_globals(files):
     "Every global the pickles of `files` name, as (module, name), read with pickletools: nothing run"
-    import pickletools, zipfile, _compat_pickle
-    found = set()
-    for f in files:
-        with zipfile.ZipFile(f) as z: data = z.read(next(n for n in z.namelist() if n.endswith('/data.pkl')))
-        strings = []
-        for op,arg,_ in pickletools.genops(data):
-            if op.name == 'GLOBAL': found.add(tuple(arg.split(' ', 1)))
-            elif 'UNICODE' in op.name: strings.append(arg)
-            elif op.name == 'STACK_GLOBAL': found.add((strings[-2], strings[-1]))
-    mapped = {_compat_pickle.NAME_MAPPING.get((m, n), (_compat_pickle.IMPORT_MAPPING.get(m, m), n)) for m,n in found}
-    return mapped
+    return {k for f in files for k in export_uses(pickle_of(f))[0]}
 
 @pytest.mark.parametrize('mode', ['define', 'none'])
 def test_corpus_loads_and_predicts(corpus, mode):
