@@ -14,8 +14,7 @@ from .errors import UnsafeExportError
 
 # %% auto #0
 __all__ = ['EXPORT_POLICY', 'Admitted', 'parse_policy', 'export_policy', 'StandIn', 'CarriedCode', 'CarriedFunction',
-           'qualified_name', 'ExportUnpickler', 'ExportPickle', 'pickle_module_for', 'pickle_of', 'export_uses',
-           'export_report']
+           'ExportUnpickler', 'ExportPickle', 'pickle_module_for', 'pickle_of', 'export_uses', 'export_report']
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e002
 @dataclass(frozen=True)
@@ -318,8 +317,6 @@ class CarriedCode:
     args: tuple
     @property
     def name(self): return self.args[11] if len(self.args) > 12 and isinstance(self.args[11], str) else '?'
-    @property
-    def filename(self): return self.args[10] if len(self.args) > 12 and isinstance(self.args[10], str) else '?'
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e00b
 class CarriedFunction:
@@ -337,10 +334,6 @@ class CarriedFunction:
     def __repr__(self): return f"CarriedFunction({self.name})"
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e006
-def qualified_name(obj):
-    "`module.qualname` of a class or function, as pickle writes it"
-    return f"{obj.__module__}.{obj.__qualname__}"
-
 def _nested_codes(code):
     "The code objects `code` makes functions of, at any depth"
     for c in code.co_consts:
