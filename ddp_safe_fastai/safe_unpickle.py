@@ -4,7 +4,7 @@
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e001
 from __future__ import annotations
-import io, sys, types, inspect, pickle, _compat_pickle, importlib, functools, copyreg, collections
+import io, sys, types, codecs, inspect, pickle, _compat_pickle, importlib, functools, copyreg, collections
 import numpy as np, torch
 from torch._tensor import _rebuild_from_type_v2
 from dataclasses import dataclass
@@ -14,7 +14,8 @@ from .errors import UnsafeExportError
 
 # %% auto #0
 __all__ = ['EXPORT_POLICY', 'Admitted', 'parse_policy', 'export_policy', 'StandIn', 'CarriedCode', 'CarriedFunction',
-           'ExportUnpickler', 'ExportPickle', 'pickle_module_for', 'pickle_of', 'export_uses', 'export_report']
+           'ExportCheck', 'ExportUnpickler', 'ExportPickle', 'pickle_module_for', 'pickle_of', 'export_uses',
+           'export_report']
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e002
 @dataclass(frozen=True)
@@ -345,59 +346,273 @@ def _py3_name(module, name):
 
 def _lets(kind, how):
     "Does an entry of `kind` let the file `how` ('call', or 'new': build with `__new__`) it while loading?"
-    return kind in ('call', 'guard') or (how == 'new' and kind == 'new')
+    return kind in ('call', 'new') if how == 'new' else kind in ('call', 'guard')
 
 def _resolve(module, name):
     "The global `name` of `module`, imported (an admitted one only); a method as its class holds it (a classmethod's function)"
-    obj = importlib.import_module(module)
+    obj = sys.modules.get(module) or importlib.import_module(module)
     for part in name.split('.'):
         obj = inspect.getattr_static(obj, part) if isinstance(obj, type) else getattr(obj, part)
         if isinstance(obj, (classmethod, staticmethod)): obj = obj.__func__
     return obj
 
-# %% ../nbs/15_safe_unpickle.ipynb #a1c0e007
+def _import(module, name):
+    "An admitted global, imported; if this process lacks it, an error that says so"
+    try: return _resolve(module, name)
+    except (ImportError, AttributeError) as e:
+        raise pickle.UnpicklingError(f"the export needs {module}.{name}, which this process cannot import ({type(e).__name__}: {e}): "
+                                     "was it exported with other versions of fastai and its libraries?") from None
+
+# %% ../nbs/15_safe_unpickle.ipynb #a1c0e00e
 _HOW = ("If you trust the file's author, admit it with `load_learner(fname, allow=[{name}])`, or load the file with "
         "`trust=True` (fastai's behaviour: it may run any code)")
 
-class ExportUnpickler(pickle._Unpickler):
-    "pickle's own unpickler, but each global decided by `policy` from its module and name as it is met, and each call, build and update checked"
+def _refuse(what, at, how=None):
+    raise UnsafeExportError(f"{what} (at {at}); nothing from the file was run. " + (how or "Load it with `trust=True` only if you trust its author"))
+
+class _Global(type):
+    "A global the file names, in `ExportCheck`'s dry run: a type (so that pickle may build with it), which imports, calls and updates nothing itself; what the file does with it goes to its `check`"
+    def __call__(g, *args, **kwargs):
+        if g.kind == 'call': return g.made
+        if g.run is not None: return g.run(*args, **kwargs)
+        g.check.may(g)
+    def __setstate__(g, state): g.check.update(g, 'set the state of')
+    def __setitem__(g, key, value): g.check.update(g, 'set an item of')
+    def append(g, item): g.check.update(g, 'append to')
+    def extend(g, items): g.check.update(g, 'append to')
+    def add(g, item): g.check.update(g, 'add to')
+    def __repr__(g): return g.full
+
+def _new_global(g, *args, **kwargs):
+    if g.kind not in ('new', 'call'): g.check.may(g, 'new')
+    return g.made
+
+class _Made:
+    "What a call, a build or a storage makes, in `ExportCheck`'s dry run: the file may give it state and items, never call it"
+    __slots__ = ('check', 'by')
+    def __init__(self, check, by): self.check,self.by = check,by # `by`: the `_Global` that made it, or what it is
+    def __call__(self, *args, **kwargs): self.check.refuse(f"it would call {self.check.name(self)} while loading")
+    def __setstate__(self, state):
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict) and any(str(k).startswith('__') for k in state[1]):
+            self.check.refuse(f"it would set {[k for k in state[1] if str(k).startswith('__')]} of {self.check.name(self)}")
+    def __setitem__(self, key, value): pass
+    def append(self, item): pass
+    def extend(self, items): pass
+    def add(self, item): pass
+
+class _Code(_Made):
+    "The arguments of a `CodeType` the file would make, in `ExportCheck`'s dry run"
+    __slots__ = ('args',)
+    def __init__(self, check, args): super().__init__(check, 'code the file carries'); self.args = args
+
+class _ReadAhead:
+    "A file as `ExportCheck` reads it: pickle's C unpickler reads each opcode with a call of `read`, unless `peek` hands it what follows (here up to a mebibyte at a time)"
+    def __init__(self, file): self.file,self.read,self.readline = file,file.read,file.readline
+    def peek(self, n):
+        start = self.file.tell()
+        data = self.file.read(max(n, 1 << 20))
+        self.file.seek(start)
+        return data
+
+class ExportCheck(pickle.Unpickler):
+    "A dry run of a pickle: pickle's C unpickler, with each global it names a `_Global` and each object it makes a `_Made`, so that every call, build and update the file asks for is checked by `policy` before any of it is done"
+    def __init__(self, file, # the pickle, opened
+                 policy, # {(module, qualified name): `Admitted`}
+                 allowed=None, # {(module, qualified name): object} admitted too (they may be called while loading)
+                 proto=4, # the pickle's protocol: below 3, its Python 2 names are mapped as pickle maps them
+                 where='its pickle', # the pickle, for messages
+                 exact=False, # read each opcode as met, so that a refusal says where in the file it was met (slower)
+                 **kwargs): # pickle's: `encoding`, `errors`, `fix_imports`
+        super().__init__(types.SimpleNamespace(read=file.read, readline=file.readline) if exact else _ReadAhead(file), **kwargs)
+        self.file,self.policy,self.allowed,self.where,self.exact = file,policy,allowed or {},where,exact
+        self.py2_names = proto < 3 and kwargs.get('fix_imports', True)
+        self.imported = {} # (module, name) -> the admitted global, for the load that follows
+
+    def refuse(self, what, how=None): _refuse(what, f"byte {self.file.tell()} of {self.where}" if self.exact else self.where, how)
+
+    def find_class(self, module, name):
+        if self.py2_names: module,name = _py3_name(module, name)
+        full = f"{module}.{name}"
+        if (module, name) in self.allowed: return self.token(full, 'call', self.allowed[(module, name)])
+        admitted = self.policy.get((module, name))
+        if admitted is None: return self.token(full, 'stand-in')
+        if admitted.kind == 'guard': return self.token(full, 'guard', run=getattr(self, f"_guard_{name.rsplit('.', 1)[-1].strip('_')}"))
+        real = self.imported[(module, name)] = _import(module, name)
+        return self.token(full, admitted.kind, real)
+
+    def persistent_load(self, pid): return _Made(self, 'a storage')
+
+    def token(self, full, kind, real=None, how=None, run=None, carried=False):
+        "A `_Global` for `full`: what the policy lets the file do with it (`kind`), the object it names (`real`, admitted ones only), how to admit it, and what its call does (`run`, a guard's); `made`, what each call and build of it makes"
+        g = _Global(full.rsplit('.', 1)[-1], (), dict(__new__=_new_global, __slots__=(), check=self, full=full, kind=kind, real=real,
+                                                      how=how, run=run, carried=carried))
+        g.made = _Made(self, g)  # one for all: a `_Made` holds nothing of what is done to it
+        return g
+
+    def name(self, obj):
+        if isinstance(obj, _Global): return obj.full
+        if isinstance(obj, _Made): return obj.by if isinstance(obj.by, str) else f"a {obj.by.real.__name__}" if isinstance(obj.by.real, type) else f"an object {obj.by.full} made"
+        return f"a {type(obj).__name__}"
+
+    # --- what the file asks of a global: the checks of every call, build and update
+    def may(self, func, how='call'):
+        "Refuse unless the file may call `func` now (`how='new'`: build with `__new__`)"
+        kind = func.kind if isinstance(func, _Global) else None
+        if _lets(kind, how): return
+        if kind is None: self.refuse(f"it would call {self.name(func)} while loading")
+        admit = func.how or _HOW.format(name=func.full)
+        if kind == 'stand-in': self.refuse(f"it would {'build' if how == 'new' else 'call'} {func.full} while loading, which the policy does not admit", admit)
+        self.refuse(f"it would {'build' if how == 'new' else 'call'} {func.full} while loading; the policy lets it only "
+                    f"{'build' if kind == 'new' else 'call' if kind == 'guard' else 'refer to'} it", admit)
+
+    def update(self, g, what):
+        "Refuse an update of a global: only what this load makes, a stand-in and a function the file carries may change"
+        if g.kind != 'stand-in' and not g.carried: self.refuse(f"it would {what} {g.full}, a global of this process")
+
+    def admitted_type(self, cls, base, what):
+        "Refuse unless `cls` is an admitted subclass of `base`"
+        if not (isinstance(cls, _Global) and cls.kind in ('refer', 'new', 'call') and isinstance(cls.real, type) and issubclass(cls.real, base)):
+            self.refuse(f"{what} of {self.name(cls)}: only an admitted subclass of {base.__name__}")
+
+    # --- the globals called through a check of their arguments (`guard` in the policy): what each lets the file do
+    def _guard_getattr(self, obj, name, *default):
+        "Only as pickle writes a method reference: an admitted class, and a method the policy admits (a method the policy lets the file read from an object it made, `bound`, is checked on its type as it loads)"
+        if isinstance(obj, _Global) and obj.kind == 'stand-in': return self.token(f"{obj.full}.{name}", 'stand-in', how=obj.how)
+        if isinstance(name, str) and not default:
+            if isinstance(obj, _Global) and isinstance(obj.real, type) and obj.kind in ('refer', 'new', 'call'):
+                admitted = self.policy.get((obj.real.__module__, f"{obj.real.__qualname__}.{name}"))
+                if admitted is None or admitted.kind == 'guard': return self.token(f"{obj.full}.{name}", 'stand-in')
+                return self.token(f"{obj.full}.{name}", admitted.kind, getattr(obj.real, name))
+            made = obj.by.real if isinstance(obj, _Made) and not isinstance(obj.by, str) and isinstance(obj.by.real, type) else None
+            if isinstance(obj, _Made) and made is None or made is not None and getattr(self.policy.get((made.__module__, f"{made.__qualname__}.{name}")), 'kind', None) == 'bound':
+                return self.token(f"{self.name(obj)}.{name}", 'refer')  # a compiled pattern's `search`: its type is checked as it loads
+        self.refuse(f"it would call getattr on {self.name(obj)}, {name!r}: only a method of an admitted class is read so")
+
+    def _guard_builtin_type(self, name):
+        "cloudpickle's `_builtin_type`: `CodeType` makes only data (`CarriedCode`), `MethodType` binds only admitted functions"
+        if name == 'CodeType': return self.token('types.CodeType', 'guard', run=lambda *args: _Code(self, args))
+        if name == 'MethodType': return self.token('types.MethodType', 'guard', run=self._method_type)
+        self.refuse(f"it would make the type {name!r} through cloudpickle's _builtin_type: only CodeType and MethodType are admitted")
+
+    def _method_type(self, func, obj):
+        if not isinstance(func, _Global): self.refuse(f"it would bind {self.name(func)} as a method")
+        return _Made(self, 'a method')
+
+    def _guard_make_function(self, code, globals, name=None, argdefs=None, closure=None):
+        "cloudpickle's function carried by value: a stand-in the file may give state, never call"
+        if not isinstance(code, _Code): self.refuse(f"it would make a function of {self.name(code)}, not of code it carries")
+        name = name if isinstance(name, str) else CarriedCode(code.args).name
+        return self.token(f"the function {name} carried as code", 'stand-in', carried=True,
+                          how="a function the file carries is never run from it: define one of that name in `__main__`, or admit the library's with `allow=`")
+
+    def _guard_function_setstate(self, obj, state):
+        "cloudpickle's: the state of a function the file carries"
+        if not (isinstance(obj, _Global) and obj.carried): self.refuse(f"it would set the state of {self.name(obj)}, not a function the file carries")
+
+    def _guard_subimport(self, name):
+        "cloudpickle's: a module a carried function uses, never imported"
+        return self.token(f"module {name}", 'stand-in', how="a module named by code the file carries")
+
+    def _guard_reduce(self, function, sequence, *initial):
+        "functools.reduce, with a function the file may call"
+        self.may(function); return _Made(self, 'a value')
+
+    def _guard_type(self, *args):
+        "The type of an object, as pickle writes `type(None)`, only referred to; never `type(name, bases, namespace)`, which makes a class"
+        if len(args) != 1: self.refuse("it would make a class with type(name, bases, namespace)")
+        return self.token(f"type of {self.name(args[0])}", 'refer', None if isinstance(args[0], (_Global, _Made)) else type(args[0]))
+
+    def _guard_iter(self, iterable, *sentinel):
+        "An iterator over a container; never `iter(callable, sentinel)`, which calls"
+        if sentinel: self.refuse("it would make iter(callable, sentinel), which calls the callable")
+        return _Made(self, 'an iterator')
+
+    def _guard_encode(self, obj, encoding='utf-8', errors='strict'):
+        "_codecs.encode as protocol 2 writes bytes: latin-1 only (a codec's name would import its module)"
+        if encoding not in ('latin1', 'latin-1') or errors != 'strict' or not isinstance(obj, str): self.refuse(f"it would encode with {encoding!r}")
+        return obj.encode('latin1')
+
+    def _guard_defaultdict(self, default_factory=None, *args):
+        "A defaultdict whose factory is an admitted class (called for each missing key, after the load too)"
+        if default_factory is not None: self.admitted_type(default_factory, object, 'a defaultdict')
+        return _Made(self, 'a defaultdict')
+
+    def _guard_reconstruct(self, subtype, shape, dtype):
+        "numpy's array rebuilder: an admitted ndarray type"
+        self.admitted_type(subtype, np.ndarray, 'an array'); return _Made(self, 'an array')
+
+    def _guard_new_Index(self, cls, d):
+        "pandas' index rebuilder: an admitted Index type"
+        import pandas as pd
+        self.admitted_type(cls, pd.Index, 'an index'); return _Made(self, 'an index')
+
+    def _guard_pyx_unpickle_NDArrayBacked(self, cls, checksum, state):
+        "pandas' extension array rebuilder: an admitted type"
+        self.admitted_type(cls, object, 'an extension array'); return _Made(self, 'an extension array')
+
+    def _guard_reconstructor(self, cls, base, state):
+        "copyreg's rebuilder of protocols 0 and 1: an admitted class, on `object` or a value type"
+        if not (isinstance(base, _Global) and base.kind != 'stand-in' and base.real in (object, int, float, str, bytes, tuple, list, dict, set, frozenset)):
+            self.refuse(f"copyreg._reconstructor on {self.name(base)}")
+        self.admitted_type(cls, base.real, 'an object'); return _Made(self, 'an object')
+
+    def _guard_rebuild_from_type_v2(self, func, new_type, args, state):
+        "torch's tensor-subclass rebuilder: `func` a rebuilder the file may call, `new_type` an admitted Tensor type"
+        self.may(func); self.admitted_type(new_type, torch.Tensor, 'a tensor'); return _Made(self, 'a tensor')
+
+# %% ../nbs/15_safe_unpickle.ipynb #a1c0e007
+class ExportUnpickler(pickle.Unpickler):
+    "pickle's C unpickler, run on a pickle only once `ExportCheck` has checked every call, build and update it asks for; each global decided by `policy` from its module and name as it is met"
     def __init__(self, file, # the pickle, opened
                  policy, # {(module, qualified name): `Admitted`}
                  allow=(), # classes and functions admitted too (they may be called while loading)
                  where='its pickle', # the pickle, for messages
                  **kwargs): # pickle's: `encoding`, `errors`, `fix_imports`
+        if not getattr(file, 'seekable', lambda: False)(): file = io.BytesIO(file.read())  # read twice: checked, then loaded
         super().__init__(file, **kwargs)
-        self.file,self.policy,self.where = file,policy,where
+        self.file,self.policy,self.where,self.kwargs = file,policy,where,kwargs
         self.allowed = {(o.__module__, o.__qualname__): o for o in allow}
         self.met = {} # id(object) -> (name, kind): the globals, methods and stand-ins this load made
         self.keep = [] # those objects, alive while the ids mean them
-        self.carried = set() # ids of what took the place of code carried by value
+        self.imported = {} # (module, name) -> the admitted globals the dry run imported
 
-    # --- what the unpickler meets
-    def position(self):
-        try: return f"byte {self.file.tell()} of {self.where}"
-        except Exception: return self.where
+    def load(self):
+        "The pickle's object, once a dry run of it (`ExportCheck`) has found nothing the policy refuses"
+        start = self.file.tell()
+        head = self.file.read(2)
+        self.proto = head[1] if head[:1] == pickle.PROTO else 0
+        self.file.seek(start)
+        self.imported = self.check(start)
+        self.file.seek(start)
+        return super().load()
 
-    def refuse(self, what, how=None):
-        raise UnsafeExportError(f"{what} (at {self.position()}); nothing from the file was run. "
-                                + (how or "Load it with `trust=True` only if you trust its author"))
+    def check(self, start):
+        "The dry run of the pickle from `start`: what it imported; a refusal is read again as met, to say where in the file"
+        dry_run = ExportCheck(self.file, self.policy, self.allowed, self.proto, self.where, **self.kwargs)
+        try:
+            dry_run.load()
+            return dry_run.imported
+        except UnsafeExportError as e: refused = e
+        except (pickle.UnpicklingError, EOFError): raise
+        except Exception as e: raise pickle.UnpicklingError(f"{self.where} is not a pickle this load can read ({type(e).__name__}: {e})") from None
+        self.file.seek(start)
+        ExportCheck(self.file, self.policy, self.allowed, self.proto, self.where, exact=True, **self.kwargs).load()  # the same refusal, saying where
+        raise refused
+
+    def refuse(self, what, how=None): _refuse(what, self.where, how)
 
     def note(self, obj, name, kind):
         self.met[id(obj)] = (name, kind); self.keep.append(obj)
         return obj
 
     def find_class(self, module, name):
-        if self.proto < 3 and self.fix_imports: module,name = _py3_name(module, name)
+        if self.proto < 3 and self.kwargs.get('fix_imports', True): module,name = _py3_name(module, name)
         full = f"{module}.{name}"
         if (module, name) in self.allowed: return self.note(self.allowed[(module, name)], full, 'call')
         admitted = self.policy.get((module, name))
         if admitted is None: return self.stand_in(full)
         if admitted.kind == 'guard': return self.note(getattr(self, f"_guard_{name.rsplit('.', 1)[-1].strip('_')}"), full, 'call')
-        try: obj = _resolve(module, name)
-        except (ImportError, AttributeError) as e:
-            raise pickle.UnpicklingError(f"the export needs {full}, which this process cannot import ({type(e).__name__}: {e}): "
-                                         "was it exported with other versions of fastai and its libraries?") from None
-        return self.note(obj, full, admitted.kind)
+        return self.note(self.imported[(module, name)] if (module, name) in self.imported else _import(module, name), full, admitted.kind)
 
     def stand_in(self, full):
         "A `StandIn` for the global `full` the policy does not admit, noted as one"
@@ -405,86 +620,31 @@ class ExportUnpickler(pickle._Unpickler):
 
     def kind(self, obj): return self.met.get(id(obj), (None, None))
 
-    def check_call(self, func, how='call'):
-        "Refuse unless the file may call `func` now: admitted to be called (`how='new'`: built with `__new__`)"
-        name,kind = self.kind(func)
-        if _lets(kind, how): return
-        if kind == 'stand-in': self.refuse(f"it would call {name} while loading, which the policy does not admit", func.how)
-        if kind is None: self.refuse(f"it would call an object it made ({type(func).__name__}) while loading")
-        self.refuse(f"it would {'build' if how == 'new' else 'call'} {name} while loading; the policy lets it only "
-                    f"{'refer to' if kind == 'refer' else 'build'} it", _HOW.format(name=name))
-
-    def check_target(self, obj, what):
-        "Refuse an update (`what`) of a global: only what this load built may change"
-        name,kind = self.kind(obj)
-        if kind is not None and kind != 'stand-in' and id(obj) not in self.carried: self.refuse(f"it would {what} {name}, a global of this process")
-
-    # --- the opcodes that call, build or update
-    def load_reduce(self):
-        self.check_call(self.stack[-2]); super().load_reduce()
-    def load_newobj(self):
-        self.check_call(self.stack[-2], 'new'); super().load_newobj()
-    def load_newobj_ex(self):
-        self.check_call(self.stack[-3], 'new'); super().load_newobj_ex()
-    def load_obj(self):
-        args = self.pop_mark(); cls = args.pop(0)
-        self.check_call(cls); self._instantiate(cls, args)
-    def load_inst(self):
-        module = self.readline()[:-1].decode('ascii'); name = self.readline()[:-1].decode('ascii')
-        klass = self.find_class(module, name); self.check_call(klass)
-        self._instantiate(klass, self.pop_mark())
-    def load_build(self):
-        inst,state = self.stack[-2],self.stack[-1]
-        self.check_target(inst, 'set the state of')
-        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict) and any(str(k).startswith('__') for k in state[1]):
-            self.refuse(f"it would set {[k for k in state[1] if str(k).startswith('__')]} of a {type(inst).__name__}")
-        super().load_build()
-    def load_append(self):
-        self.check_target(self.stack[-2], 'append to'); super().load_append()
-    def load_appends(self):
-        self.check_target(self.metastack[-1][-1], 'extend'); super().load_appends()
-    def load_setitem(self):
-        self.check_target(self.stack[-3], 'set an item of'); super().load_setitem()
-    def load_setitems(self):
-        self.check_target(self.metastack[-1][-1], 'set items of'); super().load_setitems()
-    def load_additems(self):
-        self.check_target(self.metastack[-1][-1], 'add to'); super().load_additems()
-
-    # --- the globals called through a check of their arguments (`guard` in the policy)
+    # --- the globals called through a check of their arguments (`guard` in the policy): `ExportCheck` checked them, these do them
     def _guard_getattr(self, obj, name, *default):
-        "Only as pickle writes a method reference: an admitted class, and a method the policy admits"
+        "A method of an admitted class, as the policy admits it; of a stand-in, a stand-in; of an object made, a `bound` method of its type"
         owner,kind = self.kind(obj)
         if kind == 'stand-in': return self.note(StandIn(f"{owner}.{name}", obj.how), f"{owner}.{name}", 'stand-in')
-        bound = self.policy.get((type(obj).__module__, f"{type(obj).__qualname__}.{name}")) if isinstance(name, str) else None
-        if kind is None and not isinstance(obj, type) and bound is not None and bound.kind == 'bound' and not default:
-            return self.note(getattr(obj, name), f"{type(obj).__qualname__}.{name}", 'refer')  # a compiled pattern's `search`
-        if not (isinstance(obj, type) and kind in ('refer', 'new', 'call') and isinstance(name, str) and not default):
-            self.refuse(f"it would call getattr on {owner or 'a ' + type(obj).__name__}, {name!r}: only a method of an admitted class is read so")
-        admitted = self.policy.get((obj.__module__, f"{obj.__qualname__}.{name}"))
-        if admitted is None or admitted.kind == 'guard': return self.stand_in(f"{owner}.{name}")
-        return self.note(getattr(obj, name), f"{owner}.{name}", admitted.kind)
+        if isinstance(obj, type) and kind in ('refer', 'new', 'call'):
+            admitted = self.policy.get((obj.__module__, f"{obj.__qualname__}.{name}"))
+            if admitted is None or admitted.kind == 'guard': return self.stand_in(f"{owner}.{name}")
+            return self.note(getattr(obj, name), f"{owner}.{name}", admitted.kind)
+        if getattr(self.policy.get((type(obj).__module__, f"{type(obj).__qualname__}.{name}")), 'kind', None) != 'bound':
+            self.refuse(f"it would call getattr on a {type(obj).__name__}, {name!r}: only a method of an admitted class is read so")
+        return self.note(getattr(obj, name), f"{type(obj).__qualname__}.{name}", 'refer')  # a compiled pattern's `search`
 
     def _guard_builtin_type(self, name):
-        "cloudpickle's `_builtin_type`: `CodeType` makes only data (`CarriedCode`), `MethodType` binds only admitted functions"
-        if name == 'CodeType': return self.note(self._carried_code, 'types.CodeType', 'call')
-        if name == 'MethodType': return self.note(self._method_type, 'types.MethodType', 'call')
-        self.refuse(f"it would make the type {name!r} through cloudpickle's _builtin_type: only CodeType and MethodType are admitted")
+        "cloudpickle's `_builtin_type`: `CodeType` makes only data (`CarriedCode`), `MethodType` binds an admitted function"
+        return self.note(self._carried_code, 'types.CodeType', 'call') if name == 'CodeType' else self.note(types.MethodType, 'types.MethodType', 'call')
 
     def _carried_code(self, *args): return CarriedCode(args)
 
-    def _method_type(self, func, obj):
-        name,kind = self.kind(func)
-        if kind is None: self.refuse(f"it would bind an object it made ({type(func).__name__}) as a method")
-        return types.MethodType(func, obj)
-
     def _guard_make_function(self, code, globals, name=None, argdefs=None, closure=None):
         "cloudpickle's function carried by value: a `CarriedFunction`, never its code; `_function_setstate` says which function it stands for"
-        if not isinstance(code, CarriedCode): self.refuse(f"it would make a function of {type(code).__name__}, not of code it carries")
         name = name if isinstance(name, str) else code.name  # cloudpickle names it in its state, later: its code's name is the same
         found = CarriedFunction(name, "define a function of that name in `__main__` before `load_learner`, as fastai asks, and it is used in its place"
                                 if name.isidentifier() else "a lambda is never run from the file: export the Learner with a function of a module, and admit it with `allow=`")
         found.target = self._main_function(name)
-        self.carried.add(id(found))
         return self.note(found, f"the function {name} carried as code", 'stand-in')
 
     def _main_function(self, name):
@@ -494,8 +654,6 @@ class ExportUnpickler(pickle._Unpickler):
 
     def _guard_function_setstate(self, obj, state):
         "cloudpickle's: the module and name of a function carried by value, and its state: the `CarriedFunction` takes the function this process admits by that name, if any; its code, globals and closure are dropped"
-        if id(obj) not in self.carried or not isinstance(obj, CarriedFunction):
-            self.refuse(f"it would set the state of {self.kind(obj)[0] or type(obj).__name__}, not a function the file carries")
         slots = state[1] if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict) else {}
         module,qualname = slots.get('__module__'),slots.get('__qualname__')
         if not (isinstance(module, str) and isinstance(qualname, str)): return
@@ -523,69 +681,26 @@ class ExportUnpickler(pickle._Unpickler):
         "cloudpickle's: a module a carried function uses, never imported (the function is never made)"
         return self.note(StandIn(f"module {name}", "a module named by code the file carries"), f"module {name}", 'stand-in')
 
-    def _guard_reduce(self, function, sequence, *initial):
-        "functools.reduce, with a function the file may call"
-        self.check_call(function)
-        return functools.reduce(function, sequence, *initial)
-
-    def _guard_type(self, *args):
-        "The type of an object, as pickle writes `type(None)`; never `type(name, bases, namespace)`, which makes a class"
-        if len(args) != 1: self.refuse("it would make a class with type(name, bases, namespace)")
-        return type(args[0])
-
-    def _guard_iter(self, iterable, *sentinel):
-        "An iterator over a container (a pickled iterator's); never `iter(callable, sentinel)`, which calls"
-        if sentinel: self.refuse("it would make iter(callable, sentinel), which calls the callable")
-        return iter(iterable)
-
-    def _guard_encode(self, obj, encoding='utf-8', errors='strict'):
-        "_codecs.encode as protocol 2 writes bytes: latin-1 only (a codec's name would import its module)"
-        if encoding not in ('latin1', 'latin-1') or errors != 'strict' or not isinstance(obj, str): self.refuse(f"it would encode with {encoding!r}")
-        return obj.encode('latin1')
-
-    def _admitted_type(self, cls, base, what):
-        name,kind = self.kind(cls)
-        if not (isinstance(cls, type) and kind in ('refer', 'new', 'call') and issubclass(cls, base)):
-            self.refuse(f"{what} of {name or type(cls).__name__}: only an admitted subclass of {base.__name__}")
-        return cls
-
-    def _guard_defaultdict(self, default_factory=None, *args):
-        "A defaultdict whose factory is an admitted class (called for each missing key, after the load too)"
-        if default_factory is not None: self._admitted_type(default_factory, object, 'a defaultdict')
-        return collections.defaultdict(default_factory, *args)
+    def _guard_type(self, obj):
+        "The type of an object, only referred to"
+        t = type(obj)
+        return t if id(t) in self.met else self.note(t, t.__qualname__, 'refer')
 
     def _guard_reconstruct(self, subtype, shape, dtype):
-        "numpy's array rebuilder: an admitted ndarray type"
-        return _np_reconstruct()(self._admitted_type(subtype, np.ndarray, 'an array'), shape, dtype)
+        "numpy's array rebuilder"
+        return _np_reconstruct()(subtype, shape, dtype)
 
     def _guard_new_Index(self, cls, d):
-        "pandas' index rebuilder: an admitted Index type"
-        import pandas as pd
+        "pandas' index rebuilder"
         from pandas.core.indexes.base import _new_Index
-        return _new_Index(self._admitted_type(cls, pd.Index, 'an index'), d)
+        return _new_Index(cls, d)
 
     def _guard_pyx_unpickle_NDArrayBacked(self, cls, checksum, state):
-        "pandas' extension array rebuilder: an admitted type"
-        rebuild = _resolve('pandas._libs.arrays', '__pyx_unpickle_NDArrayBacked')  # a name pickle writes: spelt here as a string
-        return rebuild(self._admitted_type(cls, object, 'an extension array'), checksum, state)
+        "pandas' extension array rebuilder"
+        return _resolve('pandas._libs.arrays', '__pyx_unpickle_NDArrayBacked')(cls, checksum, state)  # a name pickle writes: spelt here as a string
 
-    def _guard_reconstructor(self, cls, base, state):
-        "copyreg's rebuilder of protocols 0 and 1: an admitted class, on `object` or a value type"
-        if base not in (object, int, float, str, bytes, tuple, list, dict, set, frozenset): self.refuse(f"copyreg._reconstructor on {base!r}")
-        return copyreg._reconstructor(self._admitted_type(cls, base, 'an object'), base, state)
-
-    def _guard_rebuild_from_type_v2(self, func, new_type, args, state):
-        "torch's tensor-subclass rebuilder: `func` a rebuilder the file may call, `new_type` an admitted Tensor type"
-        self.check_call(func)
-        return _rebuild_from_type_v2(func, self._admitted_type(new_type, torch.Tensor, 'a tensor'), args, state)
-
-    dispatch = dict(pickle._Unpickler.dispatch)
-    for _op,_f in [(pickle.REDUCE, load_reduce), (pickle.NEWOBJ, load_newobj), (pickle.NEWOBJ_EX, load_newobj_ex),
-                   (pickle.OBJ, load_obj), (pickle.INST, load_inst), (pickle.BUILD, load_build), (pickle.APPEND, load_append),
-                   (pickle.APPENDS, load_appends), (pickle.SETITEM, load_setitem), (pickle.SETITEMS, load_setitems),
-                   (pickle.ADDITEMS, load_additems)]:
-        dispatch[_op[0]] = _f
-    del _op,_f
+    _guard_reduce,_guard_iter,_guard_defaultdict = staticmethod(functools.reduce),staticmethod(iter),staticmethod(collections.defaultdict)
+    _guard_encode,_guard_reconstructor,_guard_rebuild_from_type_v2 = staticmethod(codecs.encode),staticmethod(copyreg._reconstructor),staticmethod(_rebuild_from_type_v2)
 
 def _np_reconstruct():
     "numpy's `_reconstruct`, wherever this numpy keeps it"

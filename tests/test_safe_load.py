@@ -56,10 +56,11 @@ def test_policy_is_the_corpus(corpus):
         assert obj is None or callable(obj), (m, n)
 
 def test_every_guard_has_its_check():
-    "Each `guard` entry of the policy names a check of the unpickler (a `guard` with none would fail every load that meets it)"
-    from ddp_safe_fastai.safe_unpickle import ExportUnpickler
+    "Each `guard` entry of the policy names a check of the dry run and what the load does (a `guard` without them would fail every load that meets it)"
+    from ddp_safe_fastai.safe_unpickle import ExportUnpickler, ExportCheck
     guards = [n for (m,n),a in export_policy().items() if a.kind == 'guard']
-    assert len(guards) >= 14 and all(hasattr(ExportUnpickler, f"_guard_{n.rsplit('.', 1)[-1].strip('_')}") for n in guards), guards
+    assert len(guards) >= 14, guards
+    for cls in ExportCheck, ExportUnpickler: assert all(hasattr(cls, f"_guard_{n.rsplit('.', 1)[-1].strip('_')}") for n in guards), (cls, guards)
 
 # --- malicious exports: a real Learner's export carrying a payload, refused before any of it runs
 class Reduce:
@@ -140,15 +141,20 @@ def test_malicious_export_refused(learner, tmp_path, door, i):
     assert isinstance(e.value, pickle.UnpicklingError)
     assert not marker.exists() and victim.read_text() == 'intact'
 
+class PatchType:
+    "A pickle that sets an attribute of the class of an object it made: `type(PosixPath('x')).exists = True`"
+    def __reduce__(self): return type, (Path('x'),), (None, {'exists': True})
+
 def test_malicious_raw_pickles_refused(tmp_path):
-    "A pickle written by hand (torch's older format reads it with the same unpickler): the state of a class of this process, the items of a list it holds, a global made callable by `INST`"
+    "A pickle written by hand (torch's older format reads it with the same unpickler): the state of a class of this process, or of the type of an object it made, the items of a list it holds, a global made callable by `INST`"
     cases = {b'\x80\x02cfastai.learner\nLearner\nq\x00}q\x01X\x03\x00\x00\x00fitq\x02Nsb.': 'set the state of fastai.learner.Learner',
+             pickle.dumps(PatchType(), protocol=2): 'set the state of type of a PosixPath',
              b'\x80\x02cbuiltins\nlist\nq\x00X\x01\x00\x00\x00xq\x01a.': 'append to builtins.list',
              b'(S"touch ' + str(tmp_path/'ran').encode() + b'"\nios\nsystem\n.': 'os.system'}
     for data,named in cases.items():
         (tmp_path/'export.pkl').write_bytes(data)
         with pytest.raises(UnsafeExportError, match=named.replace('.', r'\.')): load_learner(tmp_path/'export.pkl')
-    assert not (tmp_path/'ran').exists()
+    assert not (tmp_path/'ran').exists() and 'exists' not in vars(type(Path('x')))
 
 def test_carried_function_named_as_the_loaders(learner, tmp_path, monkeypatch):
     "A carried function that takes the name of one the loading program defines: used in its place, never called while loading"
