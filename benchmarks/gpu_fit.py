@@ -1,10 +1,10 @@
 """What the two callbacks cost an epoch of a GPU model: a torchvision ResNet-50 (mixed precision, batch 64, synthetic
 224 px images held on the GPU) fitted under `torchrun --nproc_per_node=1` (an nccl group made by fastai's `distrib_ctx`),
 plain, with `SafeSaveModelCallback` (a new best every epoch) and `CheckpointCallback` (a checkpoint every epoch:
-`both`), and with those and a checkpoint into node memory every 100 batches (`memory`), in turns in one run. An epoch is sized to about `--epoch-seconds` from a short timed fit first. Prints one JSON line and
+`both`), and with those and a checkpoint into node memory every N batches (`memory:N`; `memory` is every 100), in turns in one run. An epoch is sized to about `--epoch-seconds` from a short timed fit first. Prints one JSON line and
 writes it to `--out`.
 
-    python benchmarks/gpu_fit.py --epoch-seconds 30 --epochs 3 --out gpu_fit.json"""
+    python benchmarks/gpu_fit.py --epoch-seconds 30 --epochs 3 --arms plain,both,memory:1,memory:10 --out gpu_fit.json"""
 import argparse, json, statistics, sys, time
 from pathlib import Path
 import torch
@@ -44,7 +44,8 @@ class FitClock(Callback):
 def arm_cbs(arm, i):
     "The callbacks of an arm, named for fit `i`"
     if arm == 'plain': return []
-    every = 100 if arm == 'memory' else None
+    kind,_,n = arm.partition(':')
+    every = int(n or 100) if kind == 'memory' else None
     return [SafeSaveModelCallback(comp=lambda a,b: True, fname=f'best{i}'), CheckpointCallback(fname=f'c{i}', resume=False, memory_every_iters=every)]
 
 def fits(root, epoch_seconds, epochs, arms, reps):
