@@ -376,7 +376,7 @@ class _Global(type):
         if g.kind == 'call': return g.made
         if g.run is not None: return g.run(*args, **kwargs)
         g.check.may(g)
-    def __setstate__(g, state): g.check.update(g, 'set the state of')
+    def __setstate__(g, state): g.check.update(g, 'set the state of'); g.check.attributes(g, state)
     def __setitem__(g, key, value): g.check.update(g, 'set an item of')
     def append(g, item): g.check.update(g, 'append to')
     def extend(g, items): g.check.update(g, 'append to')
@@ -392,9 +392,7 @@ class _Made:
     __slots__ = ('check', 'by')
     def __init__(self, check, by): self.check,self.by = check,by # `by`: the `_Global` that made it, or what it is
     def __call__(self, *args, **kwargs): self.check.refuse(f"it would call {self.check.name(self)} while loading")
-    def __setstate__(self, state):
-        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict) and any(str(k).startswith('__') for k in state[1]):
-            self.check.refuse(f"it would set {[k for k in state[1] if str(k).startswith('__')]} of {self.check.name(self)}")
+    def __setstate__(self, state): self.check.attributes(self, state)
     def __setitem__(self, key, value): pass
     def append(self, item): pass
     def extend(self, items): pass
@@ -440,7 +438,9 @@ class ExportCheck(pickle.Unpickler):
         real = self.imported[(module, name)] = _import(module, name)
         return self.token(full, admitted.kind, real)
 
-    def persistent_load(self, pid): return _Made(self, 'a storage')
+    def persistent_load(self, pid):
+        "What torch's loader makes of a persistent id: a storage, or in its older format the class a module's id names"
+        return pid[1] if isinstance(pid, tuple) and len(pid) > 1 and pid[0] == 'module' and isinstance(pid[1], _Global) else _Made(self, 'a storage')
 
     def token(self, full, kind, real=None, how=None, run=None, carried=False):
         "A `_Global` for `full`: what the policy lets the file do with it (`kind`), the object it names (`real`, admitted ones only), how to admit it, and what its call does (`run`, a guard's); `made`, what each call and build of it makes"
@@ -468,6 +468,11 @@ class ExportCheck(pickle.Unpickler):
     def update(self, g, what):
         "Refuse an update of a global: only what this load makes, a stand-in and a function the file carries may change"
         if g.kind != 'stand-in' and not g.carried: self.refuse(f"it would {what} {g.full}, a global of this process")
+
+    def attributes(self, obj, state):
+        "Refuse a state that sets a dunder attribute (`__class__`, `__dict__`...) of `obj`"
+        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict) and any(str(k).startswith('__') for k in state[1]):
+            self.refuse(f"it would set {[k for k in state[1] if str(k).startswith('__')]} of {self.name(obj)}")
 
     def admitted_type(self, cls, base, what):
         "Refuse unless `cls` is an admitted subclass of `base`"

@@ -1,7 +1,7 @@
 """`safe_unpickle` (nbs/15_safe_unpickle.ipynb) and `load_learner`'s default (nbs/41_learner.ipynb): real exports of the
 five applications load and predict what their exporter predicted; malicious exports are refused, naming their global,
 and their payloads never run"""
-import io, os, sys, json, types, shutil, pickle, subprocess, operator, importlib
+import io, os, re, sys, json, types, shutil, pickle, subprocess, operator, importlib
 from pathlib import Path
 import pytest, torch, cloudpickle
 from fasttransform.transform import Transform
@@ -146,14 +146,15 @@ class PatchType:
     def __reduce__(self): return type, (Path('x'),), (None, {'exists': True})
 
 def test_malicious_raw_pickles_refused(tmp_path):
-    "A pickle written by hand (torch's older format reads it with the same unpickler): the state of a class of this process, or of the type of an object it made, the items of a list it holds, a global made callable by `INST`"
+    "A pickle written by hand (torch's older format reads it with the same unpickler): the state of a class of this process, or of the type of an object it made, the items of a list it holds, the class of a stand-in, a global made callable by `INST`"
     cases = {b'\x80\x02cfastai.learner\nLearner\nq\x00}q\x01X\x03\x00\x00\x00fitq\x02Nsb.': 'set the state of fastai.learner.Learner',
              pickle.dumps(PatchType(), protocol=2): 'set the state of type of a PosixPath',
              b'\x80\x02cbuiltins\nlist\nq\x00X\x01\x00\x00\x00xq\x01a.': 'append to builtins.list',
+             b'\x80\x02cos\nsystem\nN}X\t\x00\x00\x00__class__cbuiltins\nint\ns\x86b.': "set ['__class__'] of os.system",
              b'(S"touch ' + str(tmp_path/'ran').encode() + b'"\nios\nsystem\n.': 'os.system'}
     for data,named in cases.items():
         (tmp_path/'export.pkl').write_bytes(data)
-        with pytest.raises(UnsafeExportError, match=named.replace('.', r'\.')): load_learner(tmp_path/'export.pkl')
+        with pytest.raises(UnsafeExportError, match=re.escape(named)): load_learner(tmp_path/'export.pkl')
     assert not (tmp_path/'ran').exists() and 'exists' not in vars(type(Path('x')))
 
 def test_carried_function_named_as_the_loaders(learner, tmp_path, monkeypatch):
@@ -188,6 +189,20 @@ def test_payload_in_a_pipeline_raises_at_predict(tmp_path):
             inf = load_learner(tmp_path/'export.pkl')
             with pytest.raises(UnsafeExportError, match=named): inf.predict(torch.tensor([0.5, 0.5, 0.5, 0.5]))
     assert not marker.exists()
+
+def test_torchs_older_format(learner, tmp_path, monkeypatch):
+    "An export in the format torch wrote before 1.6 (pickles in a row, each module's class a persistent id) loads by default and predicts as exported; a payload in it is refused"
+    from functools import partial
+    x = torch.tensor([0.5, 0.5, 0.5, 0.5])
+    monkeypatch.setattr(torch, 'save', partial(torch.save, _use_new_zipfile_serialization=False))
+    learner.export(tmp_path/'export.pkl')
+    assert not (tmp_path/'export.pkl').read_bytes().startswith(b'PK')  # not an archive
+    assert load_learner(tmp_path/'export.pkl').predict(x)[0] == learner.predict(x)[0]
+    learner.payload = Reduce(os.system, f"touch {tmp_path/'ran'}")
+    try: learner.export(tmp_path/'export.pkl')
+    finally: del learner.payload
+    with pytest.raises(UnsafeExportError, match='posix.system'): load_learner(tmp_path/'export.pkl')
+    assert not (tmp_path/'ran').exists()
 
 def test_opting_in(learner, tmp_path):
     "`allow=` admits exactly the objects named; `trust=True` is fastai's load; another `pickle_module` only with `trust`, and the error says so"
