@@ -4,7 +4,7 @@
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e001
 from __future__ import annotations
-import io, sys, types, codecs, inspect, pickle, _compat_pickle, importlib, functools, copyreg, collections
+import io, sys, enum, types, inspect, pickle, _compat_pickle, importlib, functools, copyreg, collections
 import numpy as np, torch
 from torch._tensor import _rebuild_from_type_v2
 from dataclasses import dataclass
@@ -364,6 +364,8 @@ def _import(module, name):
                                      "was it exported with other versions of fastai and its libraries?") from None
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e00e
+_TORCH_RENAMED = {'torch.tensor': 'torch._tensor'}  # what torch's loader renames before `find_class` sees it (torch.serialization's `load_module_mapping`)
+
 _HOW = ("If you trust the file's author, admit it with `load_learner(fname, allow=[{name}])`, or load the file with "
         "`trust=True` (fastai's behaviour: it may run any code)")
 
@@ -376,7 +378,7 @@ class _Global(type):
         if g.kind == 'call': return g.made
         if g.run is not None: return g.run(*args, **kwargs)
         g.check.may(g)
-    def __setstate__(g, state): g.check.update(g, 'set the state of'); g.check.attributes(g, state)
+    def __setstate__(g, state): g.check.update(g, 'set the state of')
     def __setitem__(g, key, value): g.check.update(g, 'set an item of')
     def append(g, item): g.check.update(g, 'append to')
     def extend(g, items): g.check.update(g, 'append to')
@@ -398,19 +400,42 @@ class _Made:
     def extend(self, items): pass
     def add(self, item): pass
 
+class _Member(_Made):
+    "What a call of an enum class makes, in `ExportCheck`'s dry run: one of its members, which the whole process shares, so no state or items"
+    __slots__ = ()
+    def __setstate__(self, state): self.check.refuse(f"it would change {self.check.name(self)}, which this process shares")
+    def __setitem__(self, key, value): self.__setstate__(None)
+    def append(self, item): self.__setstate__(None)
+    def extend(self, items): self.__setstate__(None)
+    def add(self, item): self.__setstate__(None)
+
 class _Code(_Made):
     "The arguments of a `CodeType` the file would make, in `ExportCheck`'s dry run"
     __slots__ = ('args',)
     def __init__(self, check, args): super().__init__(check, 'code the file carries'); self.args = args
 
-class _ReadAhead:
-    "A file as `ExportCheck` reads it: pickle's C unpickler reads each opcode with a call of `read`, unless `peek` hands it what follows (here up to a mebibyte at a time)"
-    def __init__(self, file): self.file,self.read,self.readline = file,file.read,file.readline
-    def peek(self, n):
-        start = self.file.tell()
-        data = self.file.read(max(n, 1 << 20))
-        self.file.seek(start)
-        return data
+class _Kept:
+    "A file as `ExportCheck` reads it, each byte once: what pickle's C unpickler reads is kept for the load that follows (`data`). `peek` hands the unpickler up to a mebibyte ahead (else it reads each opcode with a call of `read`; `exact`: so, that `tell` says where); `done` gives the file back what was read ahead"
+    def __init__(self, file, exact=False):
+        self.file,self.parts,self.ahead = file,[],b''
+        if not exact: self.peek = self._peek
+    def _peek(self, n):
+        if not self.ahead: self.ahead = self.file.read(max(n, 1 << 20))
+        return self.ahead
+    def _take(self, data):
+        self.parts.append(data); return data
+    def read(self, n=-1):
+        data,self.ahead = (self.ahead, b'') if n < 0 else (self.ahead[:n], self.ahead[n:])
+        return self._take(data + (self.file.read(n - len(data)) if n < 0 or len(data) < n else b''))
+    def readline(self):
+        line,sep,rest = self.ahead.partition(b'\n')
+        if sep: self.ahead = rest; return self._take(line + sep)
+        self.ahead = b''
+        return self._take(line + self.file.readline())
+    def done(self):
+        if self.ahead: self.file.seek(-len(self.ahead), io.SEEK_CUR); self.ahead = b''
+    @property
+    def data(self): return b''.join(self.parts)
 
 class ExportCheck(pickle.Unpickler):
     "A dry run of a pickle: pickle's C unpickler, with each global it names a `_Global` and each object it makes a `_Made`, so that every call, build and update the file asks for is checked by `policy` before any of it is done"
@@ -421,15 +446,18 @@ class ExportCheck(pickle.Unpickler):
                  where='its pickle', # the pickle, for messages
                  exact=False, # read each opcode as met, so that a refusal says where in the file it was met (slower)
                  **kwargs): # pickle's: `encoding`, `errors`, `fix_imports`
-        super().__init__(types.SimpleNamespace(read=file.read, readline=file.readline) if exact else _ReadAhead(file), **kwargs)
+        self.kept = _Kept(file, exact)
+        super().__init__(self.kept, **kwargs)
         self.file,self.policy,self.allowed,self.where,self.exact = file,policy,allowed or {},where,exact
         self.py2_names = proto < 3 and kwargs.get('fix_imports', True)
-        self.imported = {} # (module, name) -> the admitted global, for the load that follows
+        self.imported,self.seen = {},set() # (module, name) -> the admitted global, for the load that follows; every (module, name) met
 
     def refuse(self, what, how=None): _refuse(what, f"byte {self.file.tell()} of {self.where}" if self.exact else self.where, how)
 
     def find_class(self, module, name):
         if self.py2_names: module,name = _py3_name(module, name)
+        module = _TORCH_RENAMED.get(module, module)
+        self.seen.add((module, name))
         full = f"{module}.{name}"
         if (module, name) in self.allowed: return self.token(full, 'call', self.allowed[(module, name)])
         admitted = self.policy.get((module, name))
@@ -446,7 +474,7 @@ class ExportCheck(pickle.Unpickler):
         "A `_Global` for `full`: what the policy lets the file do with it (`kind`), the object it names (`real`, admitted ones only), how to admit it, and what its call does (`run`, a guard's); `made`, what each call and build of it makes"
         g = _Global(full.rsplit('.', 1)[-1], (), dict(__new__=_new_global, __slots__=(), check=self, full=full, kind=kind, real=real,
                                                       how=how, run=run, carried=carried))
-        g.made = _Made(self, g)  # one for all: a `_Made` holds nothing of what is done to it
+        g.made = (_Member if isinstance(real, type) and issubclass(real, enum.Enum) else _Made)(self, g)  # one for all: it holds nothing of what is done to it
         return g
 
     def name(self, obj):
@@ -466,8 +494,12 @@ class ExportCheck(pickle.Unpickler):
                     f"{'build' if kind == 'new' else 'call' if kind == 'guard' else 'refer to'} it", admit)
 
     def update(self, g, what):
-        "Refuse an update of a global: only what this load makes, a stand-in and a function the file carries may change"
-        if g.kind != 'stand-in' and not g.carried: self.refuse(f"it would {what} {g.full}, a global of this process")
+        "Refuse an update of a global, a stand-in or a function the file carries: only what this load makes may change (a carried function's state comes through `_function_setstate`)"
+        self.refuse(f"it would {what} {g.full}" + (", a global of this process" if g.kind not in ('stand-in', 'guard') else ''))
+
+    def called_by_guard(self, func, guard):
+        "Refuse unless `func`, which `guard` calls, is what the policy lets the file call: never a guard, whose arguments would go unchecked"
+        if not (isinstance(func, _Global) and func.kind == 'call'): self.refuse(f"it would have {guard} call {self.name(func)}: only a function the policy lets the file call")
 
     def attributes(self, obj, state):
         "Refuse a state that sets a dunder attribute (`__class__`, `__dict__`...) of `obj`"
@@ -519,8 +551,8 @@ class ExportCheck(pickle.Unpickler):
         return self.token(f"module {name}", 'stand-in', how="a module named by code the file carries")
 
     def _guard_reduce(self, function, sequence, *initial):
-        "functools.reduce, with a function the file may call"
-        self.may(function); return _Made(self, 'a value')
+        "functools.reduce, with a function the file may call (never a guard: its arguments would not be checked here)"
+        self.called_by_guard(function, 'functools.reduce'); return _Made(self, 'a value')
 
     def _guard_type(self, *args):
         "The type of an object, as pickle writes `type(None)`, only referred to; never `type(name, bases, namespace)`, which makes a class"
@@ -563,7 +595,7 @@ class ExportCheck(pickle.Unpickler):
 
     def _guard_rebuild_from_type_v2(self, func, new_type, args, state):
         "torch's tensor-subclass rebuilder: `func` a rebuilder the file may call, `new_type` an admitted Tensor type"
-        self.may(func); self.admitted_type(new_type, torch.Tensor, 'a tensor'); return _Made(self, 'a tensor')
+        self.called_by_guard(func, "torch's _rebuild_from_type_v2"); self.admitted_type(new_type, torch.Tensor, 'a tensor'); return _Made(self, 'a tensor')
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e007
 class ExportUnpickler(pickle.Unpickler):
@@ -573,30 +605,34 @@ class ExportUnpickler(pickle.Unpickler):
                  allow=(), # classes and functions admitted too (they may be called while loading)
                  where='its pickle', # the pickle, for messages
                  **kwargs): # pickle's: `encoding`, `errors`, `fix_imports`
-        if not getattr(file, 'seekable', lambda: False)(): file = io.BytesIO(file.read())  # read twice: checked, then loaded
+        if not getattr(file, 'seekable', lambda: False)(): file = io.BytesIO(file.read())
         super().__init__(file, **kwargs)
         self.file,self.policy,self.where,self.kwargs = file,policy,where,kwargs
         self.allowed = {(o.__module__, o.__qualname__): o for o in allow}
         self.met = {} # id(object) -> (name, kind): the globals, methods and stand-ins this load made
         self.keep = [] # those objects, alive while the ids mean them
-        self.imported = {} # (module, name) -> the admitted globals the dry run imported
+        self.imported,self.seen = {},set() # the admitted globals the dry run imported; the (module, name)s it met
+        self.carried,self.guards = set(),set() # ids of what took the place of code carried by value; of the guards this load handed out
 
     def load(self):
-        "The pickle's object, once a dry run of it (`ExportCheck`) has found nothing the policy refuses"
+        "The pickle's object, once a dry run of it (`ExportCheck`) has found nothing the policy refuses: loaded from the bytes the dry run read, so that a file changed meanwhile cannot change what is loaded"
         start = self.file.tell()
         head = self.file.read(2)
         self.proto = head[1] if head[:1] == pickle.PROTO else 0
         self.file.seek(start)
-        self.imported = self.check(start)
-        self.file.seek(start)
+        data,self.imported,self.seen = self.check(start)
+        persistent_load = getattr(self, 'persistent_load', None)  # torch's, which `__init__` forgets
+        super().__init__(io.BytesIO(data), **self.kwargs)
+        if persistent_load is not None: self.persistent_load = persistent_load
         return super().load()
 
     def check(self, start):
-        "The dry run of the pickle from `start`: what it imported; a refusal is read again as met, to say where in the file"
+        "The dry run of the pickle from `start`: the bytes it read, what it imported and the globals it met; a refusal is read again as met, to say where in the file"
         dry_run = ExportCheck(self.file, self.policy, self.allowed, self.proto, self.where, **self.kwargs)
         try:
             dry_run.load()
-            return dry_run.imported
+            dry_run.kept.done()
+            return dry_run.kept.data,dry_run.imported,dry_run.seen
         except UnsafeExportError as e: refused = e
         except (pickle.UnpicklingError, EOFError): raise
         except Exception as e: raise pickle.UnpicklingError(f"{self.where} is not a pickle this load can read ({type(e).__name__}: {e})") from None
@@ -612,11 +648,13 @@ class ExportUnpickler(pickle.Unpickler):
 
     def find_class(self, module, name):
         if self.proto < 3 and self.kwargs.get('fix_imports', True): module,name = _py3_name(module, name)
+        module = _TORCH_RENAMED.get(module, module)
         full = f"{module}.{name}"
+        if (module, name) not in self.seen: self.refuse(f"it names {full}, which its dry run did not meet")
         if (module, name) in self.allowed: return self.note(self.allowed[(module, name)], full, 'call')
         admitted = self.policy.get((module, name))
         if admitted is None: return self.stand_in(full)
-        if admitted.kind == 'guard': return self.note(getattr(self, f"_guard_{name.rsplit('.', 1)[-1].strip('_')}"), full, 'call')
+        if admitted.kind == 'guard': return self.guard(getattr(self, f"_guard_{name.rsplit('.', 1)[-1].strip('_')}"), full)
         return self.note(self.imported[(module, name)] if (module, name) in self.imported else _import(module, name), full, admitted.kind)
 
     def stand_in(self, full):
@@ -625,31 +663,51 @@ class ExportUnpickler(pickle.Unpickler):
 
     def kind(self, obj): return self.met.get(id(obj), (None, None))
 
-    # --- the globals called through a check of their arguments (`guard` in the policy): `ExportCheck` checked them, these do them
+    def guard(self, func, name):
+        "A guard handed to the file, noted as one: the file may call it, a guard may not"
+        self.guards.add(id(func)); return self.note(func, name, 'call')
+
+    def check_call(self, func, how):
+        "Refuse unless `func` is what the policy lets the file call (`how='call only'`: a function a guard calls, never another guard)"
+        name,kind = self.kind(func)
+        if kind == 'call' and id(func) not in self.guards: return
+        self.refuse(f"it would have a guard call {name or 'a ' + type(func).__name__} while loading: only a function the policy lets the file call")
+
+    # --- the globals called through a check of their arguments (`guard` in the policy): checked again here, on what the load made
     def _guard_getattr(self, obj, name, *default):
-        "A method of an admitted class, as the policy admits it; of a stand-in, a stand-in; of an object made, a `bound` method of its type"
+        "Only as pickle writes a method reference: an admitted class, and a method the policy admits"
         owner,kind = self.kind(obj)
         if kind == 'stand-in': return self.note(StandIn(f"{owner}.{name}", obj.how), f"{owner}.{name}", 'stand-in')
-        if isinstance(obj, type) and kind in ('refer', 'new', 'call'):
-            admitted = self.policy.get((obj.__module__, f"{obj.__qualname__}.{name}"))
-            if admitted is None or admitted.kind == 'guard': return self.stand_in(f"{owner}.{name}")
-            return self.note(getattr(obj, name), f"{owner}.{name}", admitted.kind)
-        if getattr(self.policy.get((type(obj).__module__, f"{type(obj).__qualname__}.{name}")), 'kind', None) != 'bound':
-            self.refuse(f"it would call getattr on a {type(obj).__name__}, {name!r}: only a method of an admitted class is read so")
-        return self.note(getattr(obj, name), f"{type(obj).__qualname__}.{name}", 'refer')  # a compiled pattern's `search`
+        bound = self.policy.get((type(obj).__module__, f"{type(obj).__qualname__}.{name}")) if isinstance(name, str) else None
+        if kind is None and not isinstance(obj, type) and bound is not None and bound.kind == 'bound' and not default:
+            return self.note(getattr(obj, name), f"{type(obj).__qualname__}.{name}", 'refer')  # a compiled pattern's `search`
+        if not (isinstance(obj, type) and kind in ('refer', 'new', 'call') and isinstance(name, str) and not default):
+            self.refuse(f"it would call getattr on {owner or 'a ' + type(obj).__name__}, {name!r}: only a method of an admitted class is read so")
+        admitted = self.policy.get((obj.__module__, f"{obj.__qualname__}.{name}"))
+        if admitted is None or admitted.kind == 'guard': return self.stand_in(f"{owner}.{name}")
+        return self.note(getattr(obj, name), f"{owner}.{name}", admitted.kind)
 
     def _guard_builtin_type(self, name):
-        "cloudpickle's `_builtin_type`: `CodeType` makes only data (`CarriedCode`), `MethodType` binds an admitted function"
-        return self.note(self._carried_code, 'types.CodeType', 'call') if name == 'CodeType' else self.note(types.MethodType, 'types.MethodType', 'call')
+        "cloudpickle's `_builtin_type`: `CodeType` makes only data (`CarriedCode`), `MethodType` binds only admitted functions"
+        if name == 'CodeType': return self.guard(self._carried_code, 'types.CodeType')
+        if name == 'MethodType': return self.guard(self._method_type, 'types.MethodType')
+        self.refuse(f"it would make the type {name!r} through cloudpickle's _builtin_type: only CodeType and MethodType are admitted")
 
     def _carried_code(self, *args): return CarriedCode(args)
 
+    def _method_type(self, func, obj):
+        name,kind = self.kind(func)
+        if kind is None: self.refuse(f"it would bind an object it made ({type(func).__name__}) as a method")
+        return types.MethodType(func, obj)
+
     def _guard_make_function(self, code, globals, name=None, argdefs=None, closure=None):
         "cloudpickle's function carried by value: a `CarriedFunction`, never its code; `_function_setstate` says which function it stands for"
+        if not isinstance(code, CarriedCode): self.refuse(f"it would make a function of {type(code).__name__}, not of code it carries")
         name = name if isinstance(name, str) else code.name  # cloudpickle names it in its state, later: its code's name is the same
         found = CarriedFunction(name, "define a function of that name in `__main__` before `load_learner`, as fastai asks, and it is used in its place"
                                 if name.isidentifier() else "a lambda is never run from the file: export the Learner with a function of a module, and admit it with `allow=`")
         found.target = self._main_function(name)
+        self.carried.add(id(found))
         return self.note(found, f"the function {name} carried as code", 'stand-in')
 
     def _main_function(self, name):
@@ -659,6 +717,8 @@ class ExportUnpickler(pickle.Unpickler):
 
     def _guard_function_setstate(self, obj, state):
         "cloudpickle's: the module and name of a function carried by value, and its state: the `CarriedFunction` takes the function this process admits by that name, if any; its code, globals and closure are dropped"
+        if id(obj) not in self.carried or not isinstance(obj, CarriedFunction):
+            self.refuse(f"it would set the state of {self.kind(obj)[0] or type(obj).__name__}, not a function the file carries")
         slots = state[1] if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict) else {}
         module,qualname = slots.get('__module__'),slots.get('__qualname__')
         if not (isinstance(module, str) and isinstance(qualname, str)): return
@@ -686,26 +746,62 @@ class ExportUnpickler(pickle.Unpickler):
         "cloudpickle's: a module a carried function uses, never imported (the function is never made)"
         return self.note(StandIn(f"module {name}", "a module named by code the file carries"), f"module {name}", 'stand-in')
 
-    def _guard_type(self, obj):
-        "The type of an object, only referred to"
-        t = type(obj)
+    def _guard_reduce(self, function, sequence, *initial):
+        "functools.reduce, with a function the file may call"
+        self.check_call(function, 'call only')
+        return functools.reduce(function, sequence, *initial)
+
+    def _guard_type(self, *args):
+        "The type of an object, as pickle writes `type(None)`, only referred to; never `type(name, bases, namespace)`, which makes a class"
+        if len(args) != 1: self.refuse("it would make a class with type(name, bases, namespace)")
+        t = type(args[0])
         return t if id(t) in self.met else self.note(t, t.__qualname__, 'refer')
 
+    def _guard_iter(self, iterable, *sentinel):
+        "An iterator over a container (a pickled iterator's); never `iter(callable, sentinel)`, which calls"
+        if sentinel: self.refuse("it would make iter(callable, sentinel), which calls the callable")
+        return iter(iterable)
+
+    def _guard_encode(self, obj, encoding='utf-8', errors='strict'):
+        "_codecs.encode as protocol 2 writes bytes: latin-1 only (a codec's name would import its module)"
+        if encoding not in ('latin1', 'latin-1') or errors != 'strict' or not isinstance(obj, str): self.refuse(f"it would encode with {encoding!r}")
+        return obj.encode('latin1')
+
+    def _admitted_type(self, cls, base, what):
+        name,kind = self.kind(cls)
+        if not (isinstance(cls, type) and kind in ('refer', 'new', 'call') and issubclass(cls, base)):
+            self.refuse(f"{what} of {name or type(cls).__name__}: only an admitted subclass of {base.__name__}")
+        return cls
+
+    def _guard_defaultdict(self, default_factory=None, *args):
+        "A defaultdict whose factory is an admitted class (called for each missing key, after the load too)"
+        if default_factory is not None: self._admitted_type(default_factory, object, 'a defaultdict')
+        return collections.defaultdict(default_factory, *args)
+
     def _guard_reconstruct(self, subtype, shape, dtype):
-        "numpy's array rebuilder"
-        return _np_reconstruct()(subtype, shape, dtype)
+        "numpy's array rebuilder: an admitted ndarray type"
+        return _np_reconstruct()(self._admitted_type(subtype, np.ndarray, 'an array'), shape, dtype)
 
     def _guard_new_Index(self, cls, d):
-        "pandas' index rebuilder"
+        "pandas' index rebuilder: an admitted Index type"
+        import pandas as pd
         from pandas.core.indexes.base import _new_Index
-        return _new_Index(cls, d)
+        return _new_Index(self._admitted_type(cls, pd.Index, 'an index'), d)
 
     def _guard_pyx_unpickle_NDArrayBacked(self, cls, checksum, state):
-        "pandas' extension array rebuilder"
-        return _resolve('pandas._libs.arrays', '__pyx_unpickle_NDArrayBacked')(cls, checksum, state)  # a name pickle writes: spelt here as a string
+        "pandas' extension array rebuilder: an admitted type"
+        rebuild = _resolve('pandas._libs.arrays', '__pyx_unpickle_NDArrayBacked')  # a name pickle writes: spelt here as a string
+        return rebuild(self._admitted_type(cls, object, 'an extension array'), checksum, state)
 
-    _guard_reduce,_guard_iter,_guard_defaultdict = staticmethod(functools.reduce),staticmethod(iter),staticmethod(collections.defaultdict)
-    _guard_encode,_guard_reconstructor,_guard_rebuild_from_type_v2 = staticmethod(codecs.encode),staticmethod(copyreg._reconstructor),staticmethod(_rebuild_from_type_v2)
+    def _guard_reconstructor(self, cls, base, state):
+        "copyreg's rebuilder of protocols 0 and 1: an admitted class, on `object` or a value type"
+        if base not in (object, int, float, str, bytes, tuple, list, dict, set, frozenset): self.refuse(f"copyreg._reconstructor on {base!r}")
+        return copyreg._reconstructor(self._admitted_type(cls, base, 'an object'), base, state)
+
+    def _guard_rebuild_from_type_v2(self, func, new_type, args, state):
+        "torch's tensor-subclass rebuilder: `func` a rebuilder the file may call, `new_type` an admitted Tensor type"
+        self.check_call(func, 'call only')
+        return _rebuild_from_type_v2(func, self._admitted_type(new_type, torch.Tensor, 'a tensor'), args, state)
 
 def _np_reconstruct():
     "numpy's `_reconstruct`, wherever this numpy keeps it"

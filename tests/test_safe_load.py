@@ -146,11 +146,11 @@ class PatchType:
     def __reduce__(self): return type, (Path('x'),), (None, {'exists': True})
 
 def test_malicious_raw_pickles_refused(tmp_path):
-    "A pickle written by hand (torch's older format reads it with the same unpickler): the state of a class of this process, or of the type of an object it made, the items of a list it holds, the class of a stand-in, a global made callable by `INST`"
+    "A pickle written by hand (torch's older format reads it with the same unpickler): the state of a class of this process, or of the type of an object it made, the items of a list it holds, the state of a stand-in (its `__class__`), a global made callable by `INST`"
     cases = {b'\x80\x02cfastai.learner\nLearner\nq\x00}q\x01X\x03\x00\x00\x00fitq\x02Nsb.': 'set the state of fastai.learner.Learner',
              pickle.dumps(PatchType(), protocol=2): 'set the state of type of a PosixPath',
              b'\x80\x02cbuiltins\nlist\nq\x00X\x01\x00\x00\x00xq\x01a.': 'append to builtins.list',
-             b'\x80\x02cos\nsystem\nN}X\t\x00\x00\x00__class__cbuiltins\nint\ns\x86b.': "set ['__class__'] of os.system",
+             b'\x80\x02cos\nsystem\nN}X\t\x00\x00\x00__class__cbuiltins\nint\ns\x86b.': 'set the state of os.system',
              b'(S"touch ' + str(tmp_path/'ran').encode() + b'"\nios\nsystem\n.': 'os.system'}
     for data,named in cases.items():
         (tmp_path/'export.pkl').write_bytes(data)
@@ -251,6 +251,44 @@ def test_unlisted_module_never_imported(learner, tmp_path, monkeypatch):
     inf = load_learner(tmp_path/'export.pkl')
     assert not (tmp_path/'imported').exists() and 'side_effect_module' not in sys.modules
     with pytest.raises(UnsafeExportError, match=r'side_effect_module\.helper was not loaded from the export'): inf.payload(1)
+
+def test_what_a_guard_calls_and_what_a_load_shares(tmp_path):
+    "Hand-built pickles a reviewer found: a guard (`functools.reduce`) calling another guard, whose arguments nothing checks; a class given a carried function's state through `reduce`; a shared enum member given state; a carried function's `target` set by `BUILD`. Each refused, nothing run or changed"
+    import inspect, pathlib, cloudpickle
+    from pickle import PROTO, STACK_GLOBAL, MARK, TUPLE, LIST, DICT, REDUCE, NEWOBJ_EX, STOP, NONE, BUILD, BININT1, SHORT_BINUNICODE, EMPTY_DICT, SETITEM, TUPLE2
+    from ddp_safe_fastai.safe_unpickle import ExportPickle
+    s = lambda x: SHORT_BINUNICODE + bytes([len(x.encode())]) + x.encode()
+    g = lambda m, n: s(m) + s(n) + STACK_GLOBAL
+    marker = tmp_path/'ran'
+    code = g(f"open({str(marker)!r},'w').write('ran')#", 'x')  # a stand-in whose name is code
+    partial_ = lambda *parts: g('functools', 'partial') + MARK + g('fastcore.basics', '_using_attr') + b''.join(parts) + TUPLE + REDUCE
+    a = g('functools', 'partial') + MARK + g('fastcore.basics', '_using_attr') + TUPLE + MARK + s('attr') + s('name') + s('x') + code + DICT + NEWOBJ_EX
+    exec_ = PROTO + b'\x04' + g('functools', 'reduce') + MARK + g('functools', 'reduce') + MARK + partial_(partial_(a, s('exec'))) + MARK + s('__self__') + g('builtins', 'print') + LIST + LIST + TUPLE + REDUCE + STOP
+    state = MARK + NONE + MARK + s('__module__') + s('builtins') + s('__qualname__') + s('print') + DICT + TUPLE
+    setstate = PROTO + b'\x04' + g('functools', 'reduce') + MARK + g('cloudpickle.cloudpickle', '_function_setstate') + MARK + g('pathlib', 'Path') + state + LIST + TUPLE + REDUCE + STOP
+    member = PROTO + b'\x04' + g('inspect', '_ParameterKind') + MARK + BININT1 + b'\x01' + TUPLE + REDUCE + MARK + s('_value_') + BININT1 + b'\x07' + DICT + BUILD + STOP
+    target = cloudpickle.dumps(carried('label_func', 'def label_func(x): return x'))[:-1] + NONE + EMPTY_DICT + s('target') + g('builtins', 'print') + SETITEM + TUPLE2 + BUILD + STOP
+    for data,named in [(exec_, 'functools.reduce call functools.reduce'), (setstate, 'functools.reduce call cloudpickle.cloudpickle._function_setstate'),
+                       (member, 'change a _ParameterKind, which this process shares'), (target, 'set the state of the function label_func carried as code')]:
+        with pytest.raises(UnsafeExportError, match=re.escape(named)): ExportPickle().loads(data)
+    assert not marker.exists() and pathlib.Path('/a/b').name == 'b' and not hasattr(pathlib.Path, 'target')
+    assert inspect.Parameter.POSITIONAL_OR_KEYWORD.value == 1
+
+class Swapping(io.BytesIO):
+    "A file that serves other bytes once it has been read and sought back to its start: what a file system an attacker serves may do between two reads"
+    def __init__(self, first, then): super().__init__(first); self.then = then
+    def seek(self, pos, whence=0):
+        if pos == 0 and whence == 0 and self.then is not None and self.tell() > 2:
+            then,self.then = self.then,None
+            super().seek(0); super().truncate(); super().write(then)
+        return super().seek(pos, whence)
+
+def test_a_file_changed_between_the_check_and_the_load(tmp_path):
+    "The load unpickles the bytes its dry run read, not the file again: a file that changes once read (torch's older format hands the open file itself) loads what was checked"
+    from ddp_safe_fastai.safe_unpickle import ExportPickle
+    benign,evil = pickle.dumps({'w': 1}, protocol=2),pickle.dumps(Reduce(os.system, f"touch {tmp_path/'ran'}"), protocol=2)
+    assert ExportPickle().load(Swapping(benign, evil)) == {'w': 1}
+    assert not (tmp_path/'ran').exists()
 
 def call_pickle(module, name, args):
     "A pickle that calls `module.name(*args)`: the tuple `args` as pickle writes it, then REDUCE"
