@@ -415,7 +415,7 @@ class _Code(_Made):
     def __init__(self, check, args): super().__init__(check, 'code the file carries'); self.args = args
 
 class _Kept:
-    "A file as `ExportCheck` reads it, each byte once: what pickle's C unpickler reads is kept for the load that follows (`data`). `peek` hands the unpickler up to a mebibyte ahead (else it reads each opcode with a call of `read`; `exact`: so, that `tell` says where); `done` gives the file back what was read ahead"
+    "A file as `ExportCheck` reads it, each byte once: what pickle's C unpickler reads is kept for the load that follows (`data`). `peek` hands the unpickler up to a mebibyte read ahead, and `done` gives the file back what it did not use; without `peek` (`exact`) the unpickler reads each opcode with a call of `read`, so that the file's `tell` says where it is"
     def __init__(self, file, exact=False):
         self.file,self.parts,self.ahead = file,[],b''
         if not exact: self.peek = self._peek
@@ -616,6 +616,9 @@ class ExportUnpickler(pickle.Unpickler):
 
     def load(self):
         "The pickle's object, once a dry run of it (`ExportCheck`) has found nothing the policy refuses: loaded from the bytes the dry run read, so that a file changed meanwhile cannot change what is loaded"
+        if copyreg._inverted_registry:  # pickle caches what an extension code names, process-wide: the dry run would be handed real objects
+            self.refuse(f"this process registered pickle extension codes ({len(copyreg._inverted_registry)}, with copyreg.add_extension), "
+                        "through which a pickle reaches a global without naming it")
         start = self.file.tell()
         head = self.file.read(2)
         self.proto = head[1] if head[:1] == pickle.PROTO else 0
@@ -667,8 +670,8 @@ class ExportUnpickler(pickle.Unpickler):
         "A guard handed to the file, noted as one: the file may call it, a guard may not"
         self.guards.add(id(func)); return self.note(func, name, 'call')
 
-    def check_call(self, func, how):
-        "Refuse unless `func` is what the policy lets the file call (`how='call only'`: a function a guard calls, never another guard)"
+    def called_by_guard(self, func):
+        "Refuse unless `func`, which a guard calls, is what the policy lets the file call: never another guard"
         name,kind = self.kind(func)
         if kind == 'call' and id(func) not in self.guards: return
         self.refuse(f"it would have a guard call {name or 'a ' + type(func).__name__} while loading: only a function the policy lets the file call")
@@ -748,7 +751,7 @@ class ExportUnpickler(pickle.Unpickler):
 
     def _guard_reduce(self, function, sequence, *initial):
         "functools.reduce, with a function the file may call"
-        self.check_call(function, 'call only')
+        self.called_by_guard(function)
         return functools.reduce(function, sequence, *initial)
 
     def _guard_type(self, *args):
@@ -800,7 +803,7 @@ class ExportUnpickler(pickle.Unpickler):
 
     def _guard_rebuild_from_type_v2(self, func, new_type, args, state):
         "torch's tensor-subclass rebuilder: `func` a rebuilder the file may call, `new_type` an admitted Tensor type"
-        self.check_call(func, 'call only')
+        self.called_by_guard(func)
         return _rebuild_from_type_v2(func, self._admitted_type(new_type, torch.Tensor, 'a tensor'), args, state)
 
 def _np_reconstruct():

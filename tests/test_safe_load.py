@@ -290,6 +290,19 @@ def test_a_file_changed_between_the_check_and_the_load(tmp_path):
     assert ExportPickle().load(Swapping(benign, evil)) == {'w': 1}
     assert not (tmp_path/'ran').exists()
 
+def test_extension_codes_refused(tmp_path):
+    "A process that registered a pickle extension code (`copyreg.add_extension`): pickle keeps what a code names process-wide, so a load is refused while one is registered"
+    import copyreg
+    from ddp_safe_fastai.safe_unpickle import ExportPickle
+    ext,touch = b'\x80\x02\x84\xf0\xff\x7f\x00',f"touch {tmp_path/'ran'}".encode()
+    copyreg.add_extension('posix', 'system', 0x7ffff0)
+    try:
+        assert pickle.loads(ext + b'.') is os.system  # a trusted load: pickle now keeps os.system for the code
+        with pytest.raises(UnsafeExportError, match='extension codes'):
+            ExportPickle().loads(ext + b'X' + len(touch).to_bytes(4, 'little') + touch + b'\x85R.')
+    finally: copyreg.remove_extension('posix', 'system', 0x7ffff0); copyreg.clear_extension_cache()
+    assert not (tmp_path/'ran').exists() and ExportPickle().loads(pickle.dumps({'w': 1}, protocol=2)) == {'w': 1}
+
 def call_pickle(module, name, args):
     "A pickle that calls `module.name(*args)`: the tuple `args` as pickle writes it, then REDUCE"
     return b'\x80\x02c' + f'{module}\n{name}\n'.encode() + pickle.dumps(tuple(args), protocol=2)[2:-1] + b'R.'
