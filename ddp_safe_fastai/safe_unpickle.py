@@ -369,6 +369,11 @@ _TORCH_RENAMED = {'torch.tensor': 'torch._tensor'}  # what torch's loader rename
 _HOW = ("If you trust the file's author, admit it with `load_learner(fname, allow=[{name}])`, or load the file with "
         "`trust=True` (fastai's behaviour: it may run any code)")
 
+def _named(module, name, py2_names):
+    "(module, name) of a global as both readings of a file decide on it: protocol 2's Python 2 names mapped (`py2_names`), and torch's renaming"
+    if py2_names: module,name = _py3_name(module, name)
+    return _TORCH_RENAMED.get(module, module),name
+
 def _refuse(what, at, how=None):
     raise UnsafeExportError(f"{what} (at {at}); nothing from the file was run. " + (how or "Load it with `trust=True` only if you trust its author"))
 
@@ -455,8 +460,7 @@ class ExportCheck(pickle.Unpickler):
     def refuse(self, what, how=None): _refuse(what, f"byte {self.file.tell()} of {self.where}" if self.exact else self.where, how)
 
     def find_class(self, module, name):
-        if self.py2_names: module,name = _py3_name(module, name)
-        module = _TORCH_RENAMED.get(module, module)
+        module,name = _named(module, name, self.py2_names)
         self.seen.add((module, name))
         full = f"{module}.{name}"
         if (module, name) in self.allowed: return self.token(full, 'call', self.allowed[(module, name)])
@@ -650,15 +654,14 @@ class ExportUnpickler(pickle.Unpickler):
         return obj
 
     def find_class(self, module, name):
-        if self.proto < 3 and self.kwargs.get('fix_imports', True): module,name = _py3_name(module, name)
-        module = _TORCH_RENAMED.get(module, module)
+        module,name = _named(module, name, self.proto < 3 and self.kwargs.get('fix_imports', True))
         full = f"{module}.{name}"
         if (module, name) not in self.seen: self.refuse(f"it names {full}, which its dry run did not meet")
         if (module, name) in self.allowed: return self.note(self.allowed[(module, name)], full, 'call')
         admitted = self.policy.get((module, name))
         if admitted is None: return self.stand_in(full)
         if admitted.kind == 'guard': return self.guard(getattr(self, f"_guard_{name.rsplit('.', 1)[-1].strip('_')}"), full)
-        return self.note(self.imported[(module, name)] if (module, name) in self.imported else _import(module, name), full, admitted.kind)
+        return self.note(self.imported[(module, name)], full, admitted.kind)  # the dry run met it, so imported it
 
     def stand_in(self, full):
         "A `StandIn` for the global `full` the policy does not admit, noted as one"
