@@ -2,7 +2,12 @@
 `meet` (rank 0 gathers, every rank reads one value) against the all-to-all it replaced (every rank read every key),
 and against the least any barrier does (one `add` and one `wait` a rank). `meet` is measured with the store outside
 the ranks' processes (torchrun's agent: two messages a rank) and as if it were in rank 0's (each rank also says it
-has read)."""
+has read).
+
+`--memory`: what a memory checkpoint costs at each scale instead (`memory_tier.RngHandoff`, 8 simulated ranks a node):
+on every rank, the training's path (`hand`: its random states taken, handed to a thread of its own; no request to the
+store), its CPU and wall time, median and max over the ranks; in the background, one node's writer reading every
+rank's states (`gather`), its seconds and the bytes it reads, which is each node's traffic per memory checkpoint."""
 import time, pickle, threading, argparse
 from functools import partial
 from concurrent.futures import ThreadPoolExecutor
@@ -10,6 +15,8 @@ from datetime import timedelta
 from pathlib import Path
 from torch.distributed import TCPStore
 from ddp_safe_fastai.store_gather import meet, key_cleanup
+from ddp_safe_fastai.memory_tier import RngHandoff
+import statistics
 
 def all_to_all(store, meeting, r, n, data, timeout=120):
     "The previous meeting: every rank waits for and reads every rank's key, then says it has read"
@@ -48,12 +55,45 @@ def per_meeting(protocol, n, reps):
     key_cleanup.join() # rank 0's removals, done in the background while the next meetings ran, before the store goes
     return min(times)
 
+def memory_handoff(n, reps):
+    "[(training path CPU median, max, wall median, max, the writer's gather seconds, bytes)] of `reps` memory checkpoints with `n` simulated ranks"
+    server = TCPStore('127.0.0.1', 0, n, True, timedelta(seconds=120), wait_for_workers=False)
+    with ThreadPoolExecutor(128) as ex:
+        clients = list(ex.map(lambda _: TCPStore('127.0.0.1', server.port, n, False, timedelta(seconds=120)), range(n)))
+    ranks = [RngHandoff(clients[r], r, n, timeout=120) for r in range(n)]
+    rows = []
+    for rep in range(reps):
+        name,cpu,wall = f"epoch_0000_iter_{rep+1:06d}",[0.]*n,[0.]*n
+        start = threading.Barrier(n+1)
+        def rank(r):
+            start.wait()
+            c,w = time.thread_time(),time.perf_counter()
+            ranks[r].hand(name)  # what the training does at a memory checkpoint
+            cpu[r],wall[r] = time.thread_time() - c,time.perf_counter() - w
+        ts = [threading.Thread(target=rank, args=(r,)) for r in range(n)]
+        for t in ts: t.start()
+        start.wait()
+        for t in ts: t.join()
+        t0 = time.perf_counter()
+        got = ranks[0].gather(name)  # node 0's writer, in its background thread
+        rows.append((statistics.median(cpu), max(cpu), statistics.median(wall), max(wall), time.perf_counter() - t0, sum(map(len, got))))
+    for h in ranks: h.close()
+    return rows
+
 if __name__ == '__main__':
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument('--ranks', type=int, nargs='+', default=[8, 64, 256, 512, 1024])
     p.add_argument('--reps', type=int, default=10)
     p.add_argument('--plot', default=str(Path(__file__).parent.parent/'nbs/images/meeting_scale.png'))
+    p.add_argument('--memory', action='store_true', help="a memory checkpoint's hand-off instead of a meeting")
     a = p.parse_args()
+    if a.memory:
+        print("| ranks | training's path CPU ms, median | max | wall ms, median | max | a node's writer reads, s | bytes a node reads |\n|---|---|---|---|---|---|---|")
+        for n in a.ranks:
+            rows = memory_handoff(n, a.reps)[1:] or memory_handoff(n, 2)  # the first one makes each rank's thread
+            med = lambda i: statistics.median(r[i] for r in rows)
+            print(f"| {n} | {1000*med(0):.3f} | {1000*max(r[1] for r in rows):.3f} | {1000*med(2):.3f} | {1000*max(r[3] for r in rows):.3f} | {med(4):.3f} | {med(5):,.0f} |", flush=True)
+        raise SystemExit(0)
     cols = {'all-to-all (before)': all_to_all, 'meet, store in rank 0': meet,
             'meet, store outside the ranks (torchrun)': partial(meet, outlives_ranks=True), 'bare barrier (floor)': bare_barrier}
     rows = []

@@ -3,12 +3,16 @@
 
 - `--kills` SIGKILLs of a random rank at a random training batch under `torchrun --max-restarts 2`, with
   `memory_every_iters=5`: the batches done again (the killed one counted; max over the ranks), the seconds from the kill
-  to training again, the tier resumed from, whether the run ends with the uninterrupted weights (sha256), whether
-  anything of the run is left in memory; beside it, what the durable checkpoints alone would redo (every batch since the
-  epoch's start);
+  to training again and their parts on rank 0 (torchrun's restart to the worker's start, its imports, the Learner, the
+  process group and DDP up to a first barrier, the ranks' agreement on a checkpoint, its read, the rest of `before_fit`
+  and the first batch's start), the tier resumed from, whether the run ends with the uninterrupted weights (sha256), whether anything of the
+  run is left in memory; beside it, what the durable checkpoints alone would redo (every batch since the epoch's start);
 - the cost, in one run: fits of 12 epochs (384 batches a rank) of a wider model (`--width`, default 1024: 12 MiB of
-  weights and optimizer state) with `memory_every_iters` 1, 10 and 100 and without, interleaved: the fit's time against the plain one's, rank 0's CPU per memory checkpoint beyond the plain fit's,
-  and rank 0's peak resident memory.
+  weights and optimizer state) with `memory_every_iters` 1, 10 and 100 and without, interleaved: the fit's time against
+  the plain one's; on rank 0 (a node's writer), the CPU of each memory checkpoint in every thread of the tier
+  (`CheckpointCallback.memory_cost`) against one copy of the same tensors into memory already there, its cache flushed
+  (measured in the same process after the fit); rank 0's peak resident memory (`ru_maxrss`, which counts the tmpfs pages
+  it maps) and its peak private memory (RssAnon + RssFile, sampled every 20 ms).
 
     .venv-latest/bin/python benchmarks/memory_tier.py [--kills 20] [--seed 0] [--repeats 2] [--out FILE.json]"""
 import sys, json, random, argparse, tempfile, statistics
@@ -18,15 +22,24 @@ from test_memory_tier import torchrun, results, redone, memory
 
 BATCHES,COST_EPOCHS = 96,12  # training batches a rank over the 3 epochs of a kill trial; epochs of a fit of the cost
 
+def recovery_parts(root, victim):
+    "Seconds from the kill to training again on rank 0, in parts: torchrun's restart, imports, the Learner and the group, the agreement, the read, the rest"
+    lines = [l.split() for l in (root/f"batches{victim}.txt").read_text().splitlines()]
+    killed_at = max(float(t) for a,_,t in lines if a == '0')
+    again = min(float(t) for a,_,t in (l.split() for l in (root/'batches0.txt').read_text().splitlines()) if a == '1')
+    t = json.loads((root/'times0_1.json').read_text())
+    parts = dict(restart=t['started'] - killed_at, imports=t['imported'] - t['started'], group=t['ready'] - t['imported'],
+                 agreement=t.get('agreement', 0.), read=t.get('read', 0.))
+    parts['rest'] = again - t['ready'] - parts['agreement'] - parts['read']
+    return again - killed_at, parts
+
 def kill_trial(d, i, rng, full, every=5):
     root,victim,at = Path(d)/f"kill{i}",rng.randrange(2),rng.randrange(1, BATCHES)
     rc = torchrun(root, every, restarts=2, epochs=3, KILL_AT=str(at), KILL_RANK=str(victim))
     res = results(root) if rc == 0 else [{}]
-    lines = [l.split() for l in (root/f"batches{victim}.txt").read_text().splitlines()]
-    killed_at = max(float(t) for a,_,t in lines if a == '0')
-    again = min(float(t) for a,_,t in lines if a == '1')
+    seconds,parts = recovery_parts(root, victim)
     return dict(victim=victim, kill_at=at, redone=max(redone(root, r) for r in range(2)), durable_alone=at % 32 + 1,
-                seconds=again - killed_at, tier=res[0].get('tier'), same=res[0].get('sha') == full and rc == 0,
+                seconds=seconds, parts=parts, tier=res[0].get('tier'), same=res[0].get('sha') == full and rc == 0,
                 left_in_memory=memory(root).exists())
 
 def cost(d, repeats, width):
@@ -35,15 +48,19 @@ def cost(d, repeats, width):
     for r in range(repeats):
         for a,n in arms.items():
             root = Path(d)/f"cost_{a}_{r}"
-            assert torchrun(root, n, epochs=COST_EPOCHS, WIDTH=str(width)) == 0
+            assert torchrun(root, n, epochs=COST_EPOCHS, timeout=900, WIDTH=str(width), COPY='1' if n else '') == 0
             out[a].append(results(root)[0])
-    med = lambda a, k: statistics.median(x[k] for x in out[a])
+    med = lambda a, f: statistics.median(f(x) for x in out[a])
     rows = {}
     for a,n in arms.items():
-        saves = 32*COST_EPOCHS // n if n else 0
-        rows[a] = dict(fit_seconds=med(a, 'seconds'), ratio=med(a, 'seconds')/med('plain', 'seconds'),
-                       cpu_ms_per_memory_checkpoint=(med(a, 'cpu') - med('plain', 'cpu'))/saves*1000 if saves else None,
-                       peak_rss_mb=med(a, 'maxrss_mb'))
+        rows[a] = dict(fit_seconds=med(a, lambda x: x['seconds']), ratio=med(a, lambda x: x['seconds'])/med('plain', lambda x: x['seconds']),
+                       peak_rss_mb=med(a, lambda x: x['maxrss_mb']), peak_private_mb=med(a, lambda x: x['private_peak_mb']))
+        if n:
+            c = lambda x: x['memory_cost']
+            rows[a].update(checkpoints=med(a, lambda x: c(x)['checkpoints']), cpu_ms_per_checkpoint=med(a, lambda x: c(x)['training_ms'] + c(x)['writer_ms'] + c(x)['handoff_ms']),
+                           training_ms=med(a, lambda x: c(x)['training_ms']), writer_ms=med(a, lambda x: c(x)['writer_ms']), handoff_ms=med(a, lambda x: c(x)['handoff_ms']),
+                           one_copy_ms=med(a, lambda x: x['copy_ms']))
+            rows[a]['cpu_per_checkpoint_vs_one_copy'] = rows[a]['cpu_ms_per_checkpoint']/rows[a]['one_copy_ms']
     return rows
 
 if __name__ == '__main__':
@@ -58,10 +75,17 @@ if __name__ == '__main__':
             assert torchrun(Path(d)/'full', 0, epochs=3) == 0
             full = results(Path(d)/'full')[0]['sha']
         trials = [kill_trial(d, i, rng, full) for i in range(a.kills)]
-        if trials: print(f"{'rank':>4} {'batch':>6} {'redone':>7} {'durable alone':>14} {'s to training':>14} {'tier':>7} {'same':>5} {'left':>5}")
-        for t in trials: print(f"{t['victim']:>4} {t['kill_at']:>6} {t['redone']:>7} {t['durable_alone']:>14} {t['seconds']:>14.2f} {t['tier']!s:>7} {t['same']!s:>5} {t['left_in_memory']!s:>5}")
-        if trials: print(f"max batches redone {max(t['redone'] for t in trials)} (N+1 = 6); all the same weights: {all(t['same'] for t in trials)}; "
-              f"nothing left in memory: {not any(t['left_in_memory'] for t in trials)}; median s to training {statistics.median(t['seconds'] for t in trials):.2f}")
+        names = ['restart', 'imports', 'group', 'agreement', 'read', 'rest']
+        if trials: print("| rank | batch | redone | durable alone | s to training | " + ' | '.join(names) + " | tier | same | left |\n|" + "---|"*(11+len(names)-5))
+        for t in trials: print(f"| {t['victim']} | {t['kill_at']} | {t['redone']} | {t['durable_alone']} | {t['seconds']:.2f} | " +
+                               ' | '.join(f"{t['parts'][n]:.3f}" for n in names) + f" | {t['tier']} | {t['same']} | {t['left_in_memory']} |")
+        if trials:
+            med = {n: statistics.median(t['parts'][n] for t in trials) for n in names}
+            total = statistics.median(t['seconds'] for t in trials)
+            share = statistics.median((t['parts']['agreement'] + t['parts']['read'])/t['seconds'] for t in trials)
+            print(f"max batches redone {max(t['redone'] for t in trials)} (N+1 = 6); all the same weights: {all(t['same'] for t in trials)}; "
+                  f"nothing left in memory: {not any(t['left_in_memory'] for t in trials)}; median s to training {total:.2f}; "
+                  f"medians of the parts: " + ', '.join(f"{n} {v:.3f}" for n,v in med.items()) + f"; agreement and read: {share:.1%} of the recovery (median)")
         report['kills'] = trials
         if a.repeats:
             report['cost'] = cost(d, a.repeats, a.width)

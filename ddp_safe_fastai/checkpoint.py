@@ -20,12 +20,12 @@ from .background import background_saves
 from .reads import load_state
 from .resume import ResumePoint
 from .manifest import check_format
-from .train_state import (apply_state, capture_state, epoch_fraction, get_rng_state, inner_dls, read_training_state,
+from .train_state import (apply_state, capture_state, RecordedFloats, epoch_fraction, get_rng_state, inner_dls, read_training_state,
                           resume_within_epoch, rng_state_for, step_tensors, world_size)
 from .storage import checkpoint_name
 from .checkpoint_dir import CheckpointDir, StoredCheckpoints, training_position_of
 from .object_store import CallbackStorage
-from .memory_tier import MemoryTier, restarts_left, run_identity
+from .memory_tier import MemoryTier, read_memory_checkpoint, restarts_left, run_identity
 from .durable_tier import DurableTier
 from .learner import model_device
 from .signals import PREEMPTED, StopOnSignal
@@ -147,10 +147,11 @@ _exception_meeting = 10  # seconds: after an exception, how long a rank waits fo
 class CheckpointCallback(CallbackStorage, Callback):
     "Save the whole training state every `every_epoch` epochs; resume from the latest complete checkpoint, on any world size"
     order = 1000 # the last: the state is taken once every other callback has seen the epoch (trackers, yours)
-    _stateattrs = CallbackStorage._stateattrs + ('durable_tier', 'memory', 'stop')  # a fit's parts (threads, stores, a storage): never pickled
+    _stateattrs = CallbackStorage._stateattrs + ('durable_tier', 'memory', 'stop', 'losses')  # a fit's parts (threads, stores, a storage, the Recorder's values): never pickled
     def _init_state(self):
         super()._init_state()
         self.durable_tier = self.memory = self.stop = None
+        self.losses = RecordedFloats()  # the Recorder's losses and rates, converted once
     def __init__(self,
                  fname='ckpt', # directory in `learn.path/learn.model_dir`, or a URL of object storage (`s3://bucket/prefix`, any fsspec URL)
                  every_epoch=1, # save after every `every_epoch` epochs
@@ -193,6 +194,7 @@ class CheckpointCallback(CallbackStorage, Callback):
         self.schedule = SaveSchedule(every_epoch, every_iters, every_minutes, memory_every_iters)
         self.trained = False  # since the last `after_epoch`, an epoch of a fit trained
         self.resumed_from,self.resumed_tier = None,None  # where the fit resumed from: its name, and 'disk', 'bucket' or 'memory'
+        self.resume_seconds,self.memory_cost = {},{}  # how long the last resume took (the ranks' agreement on a checkpoint, its read); what the last fit's memory checkpoints cost (`MemoryTier.cost`)
         self.fit_no,self.epochs_before,self.within,self.tracked = -1,0,None,None
         self._init_state()  # the fit's parts, made as it starts
 
@@ -234,7 +236,9 @@ class CheckpointCallback(CallbackStorage, Callback):
         "Every rank resumes from the checkpoint `resume_choice` names, once its format is known and it is of this fit"
         background_saves.finish(file=self.root/'latest')  # as a load: the commits of this directory in flight (a fit that raised) are done first
         identity = broadcast_object(run_identity(self.root) if rank_distrib() == 0 else None, what='CheckpointCallback run') if self.memory else None
+        start = time.perf_counter()
         name,manifest,tier = resume_choice(self.durable_tier, self.memory, identity)
+        self.resume_seconds = dict(agreement=time.perf_counter() - start)
         if name is None: return
         check_format(manifest, self.root/name)
         if manifest.get('fit', 0) < self.fit_no: return # one of an earlier fit: this fit starts afresh
@@ -243,14 +247,18 @@ class CheckpointCallback(CallbackStorage, Callback):
             self.learn.resume_point = ResumePoint(self.n_epoch)
             return
         if tier == 'bucket': self.durable_tier.download(name)
+        start = time.perf_counter()
         self._restore(self.memory.memory.folder/name if tier == 'memory' else self.root/name, manifest, tier)
         self.resumed_from,self.resumed_tier = name,tier
+        self.resume_seconds['read'] = time.perf_counter() - start
 
     def _restore(self, ckpt, manifest, tier='disk'):
         "Load the checkpoint on every rank and put the Learner where it was"
-        scope = 'global' if tier == 'memory' else self.scope  # a node whose memory is empty is sent another's copy
-        state = read_training_state(ckpt, manifest, 'resume', scope, model_device(self.learn.model))  # placed by now: the callback is the last
-        rng = rng_state_for(load_state(ckpt/'rng.pth', 'cpu', what='resume', scope=scope), rank_distrib())
+        device = model_device(self.learn.model)  # placed by now: the callback is the last
+        if tier == 'memory': state,rng = read_memory_checkpoint(ckpt, manifest, device)  # a node whose memory is empty is sent another's copy
+        else:
+            state = read_training_state(ckpt, manifest, 'resume', self.scope, device)
+            rng = rng_state_for(load_state(ckpt/'rng.pth', 'cpu', what='resume', scope=self.scope), rank_distrib())
         apply_state(self.learn, state, rng, what=f"resume {ckpt}")
         if state['done']: self.within = (state, rng)
         saved,now = manifest.get('world_size', 1),world_size()
@@ -263,10 +271,10 @@ class CheckpointCallback(CallbackStorage, Callback):
         if mbar is not None: mbar.update(0) # start the epoch bar's clock: it will be moved to the resumed epoch
 
     def _memory_run(self):
-        "Once resumed: the run's identity (a new one unless it resumed) on every node's writer, and each node's memory rid of other runs' checkpoints and incomplete ones"
+        "Once resumed: the run's identity (a new one unless it resumed) on every node's writer, and each node's memory rid of every checkpoint but the one resumed from"
         identity = run_identity(self.root, new=self.resumed_from is None) if rank_distrib() == 0 else None
         self.memory.identity = broadcast_object(identity, what='CheckpointCallback run identity')
-        if self.memory.writes: self.memory.memory.prune(self.memory.identity, keep=self.resumed_from if self.resumed_tier == 'memory' else None)
+        if self.memory.writes: self.memory.memory.prune(keep=self.resumed_from if self.resumed_tier == 'memory' else None)
 
     def before_train(self):
         "Note the DataLoaders' shuffling state as the epoch starts; in an epoch resumed within, go on with what is left"
@@ -295,7 +303,7 @@ class CheckpointCallback(CallbackStorage, Callback):
         if self.memory: self.memory.wait()  # the last memory checkpoint is whole before another batch is trained: a kill costs at most `memory_every_iters`+1
         if self.on_exception: self.completed,self.stepped = (self.epoch, self.iter, get_rng_state()),False
         if self.stop and self.stop.batch_done(self.learn.train_iter): return self._stop()
-        due = self.schedule.after_batch(self.iter, self.n_iter, self.epoch, self.learn.train_iter, bool(self.memory and self.memory.on))
+        due = self.schedule.after_batch(self.iter, self.n_iter, self.epoch, self.learn.train_iter, bool(self.memory))  # a node's writer that stopped: its ranks still hand their random states
         if due == 'durable': self._checkpoint(within=True)
         elif due == 'memory': self._checkpoint_memory()
 
@@ -311,10 +319,10 @@ class CheckpointCallback(CallbackStorage, Callback):
         # lower than `CheckpointCallback.order`). Any other cancellation (a time budget, a signal) leaves the fit to be resumed
         if len(self.learn.recorder.values) == self.epoch+1 and _stopped_early(self.learn): self._checkpoint(stopped=True)
 
-    def _capture(self, within, stopped=False):
-        "The training state now, its checkpoint's name, and what its manifest says of it"
+    def _capture(self, within, stopped=False, packed=False):
+        "The training state now (`packed`: the Recorder's lists as tensors), its checkpoint's name, and what its manifest says of it"
         done = self.done + [(world_size(), self.iter+1 - self.segment_start)] if within else None
-        state = capture_state(self.learn, self.fit_no, self.epoch_dl_rng, done, stopped)
+        state = capture_state(self.learn, self.fit_no, self.epoch_dl_rng, done, stopped, self.losses, packed)
         info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done), fit=self.fit_no, world_size=world_size())
         return state,checkpoint_name(self.epochs_before + state['epoch'], state['iter']),info
 
@@ -329,9 +337,11 @@ class CheckpointCallback(CallbackStorage, Callback):
         self.durable_tier.save(name, state, rngs, info, {self.resumed_from}, step_tensors(self.learn.model, self.learn.opt), timeout)
 
     def _checkpoint_memory(self):
-        "A checkpoint after this batch into node memory (`MemoryTier`): every rank hands each node's writer its random states"
-        state,name,info = self._capture(within=True)
-        self.memory.save(state, name, info, step_tensors(self.learn.model, self.learn.opt))
+        "A checkpoint after this batch into node memory (`MemoryTier`): every rank hands each node's writer its random states; the writers take the state"
+        def capture():
+            state,_,info = self._capture(within=True, packed=True)
+            return state,info,step_tensors(self.learn.model, self.learn.opt)
+        self.memory.save(checkpoint_name(self.epochs_before + self.epoch, self.iter+1), capture)
 
     def _stop(self):
         "Checkpoint after this batch on every rank, requeue a SLURM job, then exit with `PREEMPTED`"
@@ -343,7 +353,7 @@ class CheckpointCallback(CallbackStorage, Callback):
     def after_fit_raised(self, e):
         "Give the signals back; with `on_exception`, checkpoint the last training batch done, if it was of this epoch and every rank comes soon"
         if self.stop: self.stop.close(); self.stop = None
-        if self.memory: self.memory.end(keep=restarts_left()); self.memory = None  # torchrun restarts the workers: they resume from it
+        if self.memory: self.memory.end(keep=restarts_left()); self.memory_cost,self.memory = self.memory.cost(),None  # torchrun restarts the workers: they resume from it
         if self.durable_tier: self.durable_tier.close()  # what is pending is sent while the process lives
         if not (self.on_exception and self.completed and isinstance(e, Exception)) or isinstance(e, CheckpointError): return # not a failed save again
         epoch,it,rng = self.completed
@@ -361,4 +371,4 @@ class CheckpointCallback(CallbackStorage, Callback):
         "Give the signals back; finish the background writes and the uploads; remove the memory checkpoints"
         if self.stop: self.stop.close(); self.stop = None
         self.durable_tier.finish({self.resumed_from})
-        if self.memory: self.memory.end(); self.memory = None
+        if self.memory: self.memory.end(); self.memory_cost,self.memory = self.memory.cost(),None

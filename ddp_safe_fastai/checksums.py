@@ -20,8 +20,8 @@ class _Crc32:
 checksum_types = dict(crc32=_Crc32, sha256=hashlib.sha256) # format 2 writes crc32, format 1 wrote sha256 (slower: benchmarks/bench.py)
 
 def checksum_kind(entry):
-    "The checksum a manifest's `entry` records: 'crc32' or 'sha256'"
-    return next(k for k in checksum_types if k in entry)
+    "The checksum a manifest's `entry` records: 'crc32' or 'sha256'; None for a file recorded by its size alone"
+    return next((k for k in checksum_types if k in entry), None)
 
 # %% ../nbs/06_checksums.ipynb #1b98cc0f
 def checksum(path, # the file

@@ -12,20 +12,24 @@ from .files import atomic_write
 from .checksums import checksum, checksum_kind, checksum_types, manifest_checksum
 
 # %% auto #0
-__all__ = ['FORMAT', 'write_manifest', 'parse_manifest', 'read_manifest', 'why_unlike_manifest', 'why_incomplete', 'is_complete',
-           'copy_checked', 'CheckpointFormatError', 'check_format']
+__all__ = ['FORMAT', 'manifest_of', 'write_manifest', 'parse_manifest', 'read_manifest', 'why_unlike_manifest', 'why_incomplete',
+           'is_complete', 'copy_checked', 'CheckpointFormatError', 'check_format']
 
 # %% ../nbs/21_manifest.ipynb #01e056c0
 FORMAT = 3 # the checkpoint format this release writes: `capture_state`'s keys, in `model.pth`, `state.pth`, `rng.pth` and `manifest.json`
 
 # %% ../nbs/21_manifest.ipynb #04aeafa7
+def manifest_of(entries, # {file: its size and checksum}
+                **info): # what the checkpoint is: epoch, iter, fit, world_size...
+    "A manifest of `entries`: `info`, the format and the release"
+    return dict(format=FORMAT, library=__version__, **info, files=entries)
+
 def write_manifest(ckpt, # the checkpoint's directory
                    files, # the names of its files, written and flushed
                    **info): # what the checkpoint is: epoch, iter, fit, world_size...
     "Write `ckpt/manifest.json` last and atomically: `files` with their sizes and CRC-32s, `info`, the format and release"
     entries = {f: dict(size=(ckpt/f).stat().st_size, crc32=manifest_checksum(ckpt/f)) for f in files}
-    info = dict(format=FORMAT, library=__version__, **info, files=entries)
-    atomic_write(ckpt/'manifest.json', lambda tmp: Path(tmp).write_text(json.dumps(info, indent=1)))
+    atomic_write(ckpt/'manifest.json', lambda tmp: Path(tmp).write_text(json.dumps(manifest_of(entries, **info), indent=1)))
 
 # %% ../nbs/21_manifest.ipynb #817ab3fc
 def parse_manifest(data): # the bytes of a `manifest.json`, or None
@@ -46,7 +50,7 @@ def _why_unlike(f, # the file's name
                 digest): # a function giving its checksum: called only if the size is right
     "Why file `f` does not match its manifest's `entry`; None if it does"
     if size != entry['size']: return f"{f} has {size} bytes, the manifest says {entry['size']}"
-    if digest() != entry[checksum_kind(entry)]: return f"{f} does not match its checksum: it was changed or damaged"
+    if (kind := checksum_kind(entry)) and digest() != entry[kind]: return f"{f} does not match its checksum: it was changed or damaged"
 
 # %% ../nbs/21_manifest.ipynb #5c17a1cb
 def why_unlike_manifest(ckpt, # a checkpoint's directory
@@ -77,7 +81,7 @@ def copy_checked(src, # a file open for reading: a local one, or one fsspec open
                  chunk=2**22, # bytes read and written at a time
                  durable=True): # fsync `dest` before returning
     "Copy `src` to `dest`, its checksum computed as the bytes pass; why the copy does not match `entry`, or None"
-    h,size = checksum_types[checksum_kind(entry)](),0
+    h,size = checksum_types[checksum_kind(entry) or 'crc32'](),0  # an entry of its size alone: its checksum not compared
     with open(dest, 'wb') as out:
         while b := src.read(chunk): out.write(b); h.update(b); size += len(b)
         if durable: out.flush(); os.fsync(out.fileno())

@@ -4,26 +4,32 @@
 
 # %% ../nbs/34_memory_tier.ipynb #abdb1d5a
 from __future__ import annotations
-import os, json, shutil, hashlib, secrets, socket
+import os, json, time, zlib, pickle, random, shutil, hashlib, secrets, socket
+from array import array
 from functools import partial
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import suppress
 from pathlib import Path
+import numpy as np, torch
 from fastcore.basics import *
 from .errors import CheckpointError, describe
-from .ranks import say_on_rank0
-from .rendezvous import local_rank_distrib
-from .core import exchange, failure_of
+from .ranks import distrib_timeout, num_distrib, rank_distrib, run_prefix
+from .rendezvous import group_store, join_launched_group, local_rank_distrib
 from .locations import is_url
-from .files import atomic_write, state_bytes
+from .files import atomic_write
 from .written import remove_tree
-from .background import background_saves, SaveHandle, StagedState
-from .train_state import checkpoint_files, get_rng_state, world_size
+from .background import SaveHandle, StagedState
+from .reads import read_on_all, weights_only_loads
+from .manifest import manifest_of
+from .raw_state import TensorFile, raw_layout, raw_views
+from .train_state import RecordedFloats, rng_state_for, world_size
 from .storage import LocalStorage
-from .checkpoint_dir import Commit, StoredCheckpoints
+from .checkpoint_dir import StoredCheckpoints
 
 # %% auto #0
 __all__ = ['memory_base', 'check_memory_room', 'read_run_identity', 'run_identity', 'MemoryStorage', 'MemoryCheckpoints',
-           'memory_runs', 'restarts_left', 'MemoryTier']
+           'memory_runs', 'restarts_left', 'rng_now', 'rng_bytes', 'rng_of_bytes', 'RngHandoff',
+           'read_memory_checkpoint', 'MemoryTier']
 
 # %% ../nbs/34_memory_tier.ipynb #2bb37451
 def memory_base(memory_dir=None): # a tmpfs (default `/dev/shm`)
@@ -82,32 +88,97 @@ def run_identity(root, # the run's local checkpoint directory
     atomic_write(f, lambda tmp: Path(tmp).write_text(identity))
     return identity
 
+# %% ../nbs/34_memory_tier.ipynb #e22938dd
+def _write(f, data):
+    "Write `data` as the file `f` (a path): with no sync, in a tmpfs"
+    fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try: os.write(fd, data)
+    finally: os.close(fd)
+
+def _replace(f, data):
+    "Put `data` in the file `f` (a path) with one rename"
+    tmp = f"{f}.tmp"
+    _write(tmp, data)
+    os.replace(tmp, f)
+
 # %% ../nbs/34_memory_tier.ipynb #e22938de
 class MemoryStorage(LocalStorage):
-    "A `LocalStorage` in a tmpfs, without syncs; its `latest` is not noted as this process's: the next writer is often a restarted process"
+    "A `LocalStorage` in a tmpfs, without syncs; its `latest` is not noted as this process's: the next writer is often a restarted process. A checkpoint counts only in the raw layout (`MemoryCheckpoints.commit`)"
     def __init__(self, root): super().__init__(root, durable=False, note_latest=False)
+    def why_incomplete(self, name, manifest):
+        if manifest is not None and manifest.get('layout') != 'raw': return "not in the raw layout: an earlier release wrote it"
+        return super().why_incomplete(name, manifest)
 
 # %% ../nbs/34_memory_tier.ipynb #a1786456
 class MemoryCheckpoints(StoredCheckpoints):
     "The checkpoints in node memory of the run whose durable checkpoints are at `durable` (a directory or a URL): one complete, and the one being written"
+    spare_name = 'spare.tensors'  # a rotated checkpoint's `tensors`, kept for the next but one
     def __init__(self, durable, # the run's durable location
                  memory_dir=None): # the tmpfs (default `/dev/shm`)
         self.durable = str(durable)
         self.folder = memory_base(memory_dir)/hashlib.sha256(self.durable.encode()).hexdigest()[:16]
         super().__init__(MemoryStorage(self.folder))
-        self._writer = None
+        self._writer,self.mapped,self.complete = None,{},None  # {(device, inode): `TensorFile`}: the writer's mappings; its complete checkpoint
 
     def __repr__(self): return f"{type(self).__name__}({str(self.folder)!r})"
 
-    def commit(self, name, # the checkpoint (`checkpoint_name`)
-               files, # {file name: a state}
+    def named_latest(self):
+        "The newest checkpoint with a manifest: memory keeps no `latest` file, as it keeps one complete checkpoint"
+        return next((n for n,m in self.checkpoints() if m), None)
+
+    def begin(self, name, # the checkpoint (`checkpoint_name`)
+              nbytes): # the bytes of its raw tensors (`raw_layout`)
+        "Make checkpoint `name`'s folder and its `tensors` file, mapped: a rotated checkpoint's file if there is one (its pages are there, and mapped)"
+        if not self.mapped:  # the first checkpoint this process writes
+            self.folder.mkdir(mode=0o700, exist_ok=True)
+            run = self.folder/'run.json'
+            if not run.is_file(): atomic_write(run, lambda tmp: Path(tmp).write_text(json.dumps(dict(durable=self.durable, host=socket.gethostname()))), False)
+        ckpt = os.path.join(self.folder, name)
+        try: os.mkdir(ckpt)
+        except FileExistsError: self.storage.remove(name); os.mkdir(ckpt)  # a killed write's
+        f = os.path.join(ckpt, 'tensors')
+        with suppress(FileNotFoundError): os.rename(os.path.join(self.folder, self.spare_name), f)
+        return self._mapping(f, nbytes)
+
+    def _mapping(self, f, nbytes):
+        "The writer's mapping of `f`, of `nbytes` or more: the one it has, or a new one once the room is checked"
+        try: st = os.stat(f)
+        except FileNotFoundError: st = None
+        key = st and (st.st_dev, st.st_ino)
+        if key in self.mapped and nbytes <= self.mapped[key].nbytes: return self.mapped[key]
+        size = -(-(nbytes + max(nbytes // 64, 2**16)) // 4096) * 4096  # room for the Recorder's lists to grow, a page at a time
+        check_memory_room(self.folder, size - (st.st_size if st else 0))
+        self.mapped.pop(key, None)
+        m = TensorFile(f, size)
+        st = os.stat(f)
+        self.mapped[(st.st_dev, st.st_ino)] = m
+        while len(self.mapped) > 2: self.mapped.pop(next(iter(self.mapped)))  # the complete checkpoint's and this one's
+        return m
+
+    def commit(self, name, # the checkpoint, begun and its tensors copied
+               skeleton, # the state, its tensors replaced by their places (`raw_layout`)
+               rngs, # every rank's random states, as `rng_bytes` gives them
                info, # what the manifest says of it
                identity): # the run's (`run_identity`)
-        "Commit checkpoint `name` of run `identity`, the older one removed once it is complete"
-        self.folder.mkdir(mode=0o700, exist_ok=True)
-        run = self.folder/'run.json'
-        if not run.is_file(): atomic_write(run, lambda tmp: Path(tmp).write_text(json.dumps(dict(durable=self.durable, host=socket.gethostname()))), False)
-        Commit(self.storage, keep=1, count_unfinished=True)(name, files, {**info, 'run': identity})
+        "Commit checkpoint `name` of run `identity`: the random states (`rngs`) and the rest of the state (`state.pkl`, with the sizes of the random states), then the manifest; the older one rotated"
+        ckpt,state,rngs = os.path.join(self.folder, name),pickle.dumps((skeleton, [len(r) for r in rngs]), protocol=2),b''.join(rngs)
+        for f,data in (('rngs', rngs), ('state.pkl', state)): _write(f"{ckpt}/{f}", data)  # in a checkpoint with no manifest yet: nothing reads them
+        files = dict(tensors=dict(size=os.stat(f"{ckpt}/tensors").st_size), rngs=dict(size=len(rngs)),
+                     **{'state.pkl': dict(size=len(state), crc32=f"{zlib.crc32(state):08x}")})  # no checksum of the tensors' bytes
+        _replace(f"{ckpt}/manifest.json", json.dumps(manifest_of(files, **info, run=identity, layout='raw')).encode())  # from here it is complete
+        if self.complete not in (None, name): self.rotate_out(self.complete)
+        self.complete = name
+
+    def rotate_out(self, name):
+        "Remove checkpoint `name`, its manifest first; its `tensors` kept as the spare one, where there is none"
+        ckpt,spare = os.path.join(self.folder, name),os.path.join(self.folder, self.spare_name)
+        with suppress(OSError): os.unlink(os.path.join(ckpt, 'manifest.json'))
+        if not os.path.exists(spare):
+            with suppress(OSError): os.rename(os.path.join(ckpt, 'tensors'), spare)
+        for f in ('tensors', 'rngs', 'state.pkl'):
+            with suppress(OSError): os.unlink(os.path.join(ckpt, f))
+        try: os.rmdir(ckpt)
+        except OSError: shutil.rmtree(ckpt, ignore_errors=True)  # what another release wrote: no file in it is another's
 
     def latest_of(self, identity, # the run's (`run_identity`)
                   world_size=None): # the ranks of the run that resumes: one of another world size is another job's
@@ -116,19 +187,25 @@ class MemoryCheckpoints(StoredCheckpoints):
         ours = lambda m: m and m.get('run') == identity and (world_size is None or m.get('world_size') == world_size)
         return next(((n, m) for n,m in self.checkpoints() if ours(m) and self.why_incomplete(n, m) is None), (None, None))
 
-    def prune(self, identity, keep=None):
-        "Remove what is not of run `identity` or incomplete (a killed write's), but `keep`"
-        for n,m in self.checkpoints():
-            if n != keep and (not m or m.get('run') != identity or self.why_incomplete(n, m)): self.storage.remove(n)
+    def prune(self, keep=None): # the checkpoint the fit resumed from
+        "As a fit starts, once resumed: remove every checkpoint but `keep` (another run's, another world size's, an incomplete one, an older one); the next commit rotates `keep` out"
+        for n in self.names():
+            if n != keep: self.rotate_out(n)
+        self.complete = keep
 
     def write(self, job):
         "Run `job` in this memory's writer thread (never behind a durable write or an upload): a `Future` of it"
         if self._writer is None: self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_memory')
         return self._writer.submit(job)
 
+    def close(self):
+        "Finish the writes under way; unmap the files"
+        if self._writer is not None: self._writer.shutdown(wait=True); self._writer = None
+        self.mapped = {}
+
     def remove(self):
         "Remove the run's memory checkpoints, and what killed writes left"
-        if self._writer is not None: self._writer.shutdown(wait=True); self._writer = None
+        self.close()
         remove_tree(self.folder)
 
 # %% ../nbs/34_memory_tier.ipynb #b9c1c447
@@ -152,63 +229,186 @@ def restarts_left():
     "Will torchrun start this process's workers again if they fail (`--max-restarts` not used up)?"
     return int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)) < int(os.environ.get('TORCHELASTIC_MAX_RESTARTS', 0))
 
+# %% ../nbs/34_memory_tier.ipynb #7c0d1e54
+def rng_now():
+    "This process's random states as the generators give them (Python's, numpy's, torch's, each GPU's): taken on the training's path, turned into bytes off it"
+    return (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+            torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [])
+
+def rng_bytes(now): # `rng_now`'s
+    "A rank's random states as bytes: a small pickle of their scalars and sizes, then their arrays as they are"
+    (pv,pstate,pgauss),(nname,nkey,*nrest),t,cuda = now
+    arrays = [array('Q', pstate).tobytes(), nkey.tobytes(), t.numpy().tobytes(), *[c.numpy().tobytes() for c in cuda]]
+    head = pickle.dumps((pv, pgauss, nname, nkey.dtype.str, tuple(nrest), [len(a) for a in arrays]), protocol=2)
+    return len(head).to_bytes(4, 'little') + head + b''.join(arrays)
+
+def rng_of_bytes(data): # `rng_bytes`'s
+    "The random states `rng_bytes` gave `data` of, as `get_rng_state` gives them; its scalars read as a weights-only load reads"
+    n = int.from_bytes(data[:4], 'little')
+    pv,pgauss,nname,ndtype,nrest,sizes = weights_only_loads(data[4:4+n])
+    at,arrays = 4+n,[]
+    for size in sizes: arrays.append(data[at:at+size]); at += size
+    pstate,nkey,t,*cuda = arrays
+    byte_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # its own memory: torch's generator takes no view
+    return dict(python=(pv, tuple(array('Q', pstate)), pgauss), numpy=(nname, np.frombuffer(nkey, dtype=ndtype).copy(), *nrest),
+                torch=byte_tensor(t), cuda=[byte_tensor(c) for c in cuda])
+
+# %% ../nbs/34_memory_tier.ipynb #7c0d1e55
+class RngHandoff:
+    "Each rank's random states of a memory checkpoint, handed to every node's writer through the store in a thread of the rank's own: the training never waits for another rank"
+    slots = 3  # keys a rank takes in turn: the one of three checkpoints ago is read by every writer (see below)
+    def __init__(self, store, # the process group's store; None: one process alone
+                 rank, world, # this rank, and the world size
+                 timeout=None): # seconds a writer waits for every rank's (default: `DDP_SAFE_TIMEOUT`)
+        self.store,self.rank,self.world = store,rank,world
+        self.timeout,self.prefix,self.own,self.handed,self.count = distrib_timeout(timeout),f"{run_prefix()}/memory_rng",{},{},0  # {checkpoint: its slot}
+        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_rng') if self.store else None
+        self.cpu = 0.  # CPU seconds of the hand-offs, in their thread
+
+    @classmethod
+    def of_this_process(cls, timeout=None):
+        "The hand-off of this process: its group's store, rank and world size"
+        several = join_launched_group(timeout, 'CheckpointCallback memory checkpoints') and num_distrib() > 1
+        return cls(group_store() if several else None, rank_distrib(), world_size(), timeout)
+
+    def key(self, slot, rank): return f"{self.prefix}/{rank}/{slot}"
+
+    def hand(self, name): # the checkpoint (`checkpoint_name`)
+        "On every rank, after the batch of checkpoint `name`: its random states go to the store in the background"
+        now = rng_now()
+        if self.store is None: self.own = {name: now}; return  # the writer took the last one before this batch ended
+        self.handed[name],self.count = self.count % self.slots,self.count + 1
+        if len(self.handed) > self.slots: self.handed.pop(next(iter(self.handed)))  # the oldest: every writer has read it
+        self.thread.submit(self._set, name, now)
+
+    def _set(self, name, now):
+        start = time.thread_time()
+        self.store.set(self.key(self.handed[name], self.rank), name.encode() + b'\n' + rng_bytes(now))
+        self.cpu += time.thread_time() - start
+
+    def gather(self, name):
+        "On a node's writer: every rank's random states of checkpoint `name`, once each has handed them; `CheckpointError` after the timeout"
+        if self.store is None: return [rng_bytes(self.own.pop(name))]
+        keys,tag = [self.key(self.handed[name], r) for r in range(self.world)],name.encode() + b'\n'
+        deadline,pause = time.monotonic() + self.timeout,0.0005
+        while True:  # asked, not waited on: the training's own requests to the store go between
+            values = self.store.multi_get(keys) if self.count > self.slots or self.store.check(keys) else None  # each slot set once: read at once
+            if values and all(v.startswith(tag) for v in values): return [v[len(tag):] for v in values]
+            if time.monotonic() > deadline:
+                late = [r for r,k in enumerate(keys) if not (self.store.check([k]) and self.store.get(k).startswith(tag))]
+                raise CheckpointError(f"rank(s) {late} did not hand their random states within {self.timeout:g}s")
+            time.sleep(pause); pause = min(2*pause, 0.02)
+
+    def close(self):
+        if self.thread is not None: self.thread.shutdown(wait=True)
+
+# %% ../nbs/34_memory_tier.ipynb #7c0d1e56
+def read_memory_checkpoint(ckpt, # a memory checkpoint's folder, on this node or, for a node that has none, on another
+                           manifest, # its manifest
+                           device='cpu', # where the tensors other than the weights go
+                           what='resume'): # the operation, for messages
+    "On every rank: (the training state, this rank's random states) of memory checkpoint `ckpt`, its tensors mapped: the weights views of the file (the model's `load_state_dict` copies them), the rest copied to `device`"
+    skeleton,sizes = read_on_all(ckpt/'state.pkl', lambda f: weights_only_loads(_bytes_of(f)), what)
+    nbytes = manifest['files']['tensors']['size']
+    mapped = lambda f: TensorFile(f, nbytes, shared=False).bytes if isinstance(f, Path) else _uint8(f.read())
+    state = raw_views(skeleton, read_on_all(ckpt/'tensors', mapped, what))
+    state.update({k: state[k].tolist() for k in RecordedFloats.kinds if isinstance(state.get(k), torch.Tensor)})  # the Recorder's lists, packed
+    m = state['model']
+    with_opt = set(m) == {'model', 'opt'}
+    rest = _copied({**state, 'model': m['opt'] if with_opt else None}, device)
+    rest['model'] = {'model': m['model'], 'opt': rest['model']} if with_opt else m
+    rngs,ends = read_on_all(ckpt/'rngs', _bytes_of, what),[0]
+    for n in sizes: ends.append(ends[-1] + n)
+    rng_of = lambda r: rng_of_bytes(rngs[ends[r]:ends[r+1]])
+    rank = rank_distrib()
+    return rest, rng_of(rank) if rank < len(sizes) else rng_state_for([rng_of(0)], rank)
+
+def _bytes_of(f): return f.read_bytes() if isinstance(f, Path) else f.read()  # a file, or the bytes another rank sent
+def _uint8(data): return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+
+def _copied(obj, device):
+    "`obj` with each tensor copied to `device`: none of them a view of a mapped file"
+    if isinstance(obj, torch.Tensor): return obj.to(device, copy=True)
+    if isinstance(obj, dict): return type(obj)((k, _copied(v, device)) for k,v in obj.items())
+    if isinstance(obj, (list, tuple)): return type(obj)(_copied(v, device) for v in obj)
+    return obj
+
 # %% ../nbs/34_memory_tier.ipynb #18fed5c2
 class MemoryTier:
-    "A fit's checkpoints in node memory, taken when `SaveSchedule` says: staged as a background save is, written by each node's local rank 0 in a thread of its own"
+    "A fit's checkpoints in node memory, taken when `SaveSchedule` says: each node's local rank 0 copies the state into a mapped file and commits it in a thread of its own; every rank hands its random states in the background"
     def __init__(self, durable, # the run's durable location (a directory or a URL): it names the run's memory folder
                  memory_dir=None, # the tmpfs (default `/dev/shm`)
                  async_save=True): # write in the memory writer's thread, else in the training thread
         store_attr()
         self.memory,self.writes = MemoryCheckpoints(durable, memory_dir),local_rank_distrib() == 0  # on every rank: where a resume reads
-        self.on,self.identity,self.writing,self.staged,self.failure = True,None,None,None,None
+        self.rngs = RngHandoff.of_this_process()
+        self.on,self.identity,self.writing,self.staged = True,None,None,None
+        self.cpu,self.committed = dict(training=0., writer=0.),0  # CPU seconds in the training's thread and the writer's; checkpoints committed
 
     def latest(self, identity): # the run's (`run_identity`), as rank 0 read it
         "On a node's writer: (name, manifest) of the newest complete checkpoint of run `identity` on this world size in this node's memory"
         return self.memory.latest_of(identity, world_size()) if self.writes and identity else (None, None)
 
-    def save(self, state, # `capture_state`'s, on every rank
-             name, # the checkpoint (`checkpoint_name`)
-             info, # what its manifest says of it
-             later=()): # `data_ptr`s of tensors the training changes only at its next step: copied meanwhile
-        "On every rank: hand the random states to every node's writer, which writes `state` as checkpoint `name`; if one cannot, the tier goes off on every rank"
-        why = self.failure if self.writes else None  # in words: they go to every rank
-        if self.writes and why is None: why = failure_of(check_memory_room, self.memory.folder.parent, state_bytes(state))
-        rngs,whys = zip(*exchange((get_rng_state(), why), 'CheckpointCallback memory checkpoint'))
-        if any(whys):
-            self.on = False
-            say_on_rank0('CheckpointCallback', f"no more memory checkpoints in this fit ({next(w for w in whys if w)}); the training goes on")
-            return
-        if not self.writes: return
-        self.staged = background_saves.stage(state, later) if self.async_save else None
-        job = partial(self._commit, name, self.staged or state, list(rngs), info)
-        if self.async_save: self.writing = SaveHandle(self.memory.folder/name).outcome_of(self.memory.write(job))
-        else: self._take(job)
+    def save(self, name, # the checkpoint (`checkpoint_name`)
+             capture): # gives (the state, what its manifest says of it, `data_ptr`s of the tensors the training changes only at its next step)
+        "On every rank: hand the random states to the nodes' writers; on a node's writer, `capture()` the state, copy it into node memory and commit it as checkpoint `name`"
+        start = time.thread_time()
+        self.rngs.hand(name)
+        if self.writes and self.on: self._stage(name, *capture())
+        self.cpu['training'] += time.thread_time() - start
 
-    def _commit(self, name, state, rngs, info):
-        "Commit checkpoint `name` of `state` (a `StagedState` once its copies are done); `CheckpointError` if it cannot be"
-        staged = state if isinstance(state, StagedState) else None
-        try:
-            if staged: staged.wait()
-            self.memory.commit(name, checkpoint_files(staged.obj if staged else state, rngs), info, self.identity)
+    def _stage(self, name, state, info, later):
+        "Copy `state` into a mapped file of checkpoint `name`: at once, but the tensors in `later` (in the writer's thread, before the next step); then commit it"
+        skeleton,pairs,nbytes = raw_layout(state)
+        try: mapped = self.memory.begin(name, nbytes)
+        except Exception as e: return self._stop(e)
+        mapped.copy_in([(t,e) for t,e in pairs if t.data_ptr() not in later])
+        deferred = [(t,e) for t,e in pairs if t.data_ptr() in later]
+        job = partial(self._commit, name, skeleton, info)
+        if not self.async_save: mapped.copy_in(deferred); return self._take(job)
+        self.staged = StagedState(None, self.memory.write(partial(self._timed, mapped.copy_in, deferred)))  # before the next step
+        self.writing = SaveHandle(self.memory.folder/name).outcome_of(self.memory.write(partial(self._timed, job)))
+
+    def _timed(self, job, *args):
+        "`job(*args)` in the writer's thread, its CPU time counted"
+        start = time.thread_time()
+        try: return job(*args)
+        finally: self.cpu['writer'] += time.thread_time() - start
+
+    def _commit(self, name, skeleton, info):
+        "Commit checkpoint `name` once every rank's random states are here; `CheckpointError` if it cannot be"
+        try: self.memory.commit(name, skeleton, self.rngs.gather(name), info, self.identity)
         except Exception as e: raise CheckpointError(f"{self.memory.folder}/{name}: {describe(e)}") from e
-        finally:
-            if staged: background_saves.give_back(staged.tensors)
+        self.committed += 1
+
+    def cost(self):
+        "What this rank's memory checkpoints cost so far: how many this node's writer committed, and the CPU milliseconds of each, in the training's thread, the writer's and the hand-off's"
+        n = max(self.committed, 1)
+        return dict(checkpoints=self.committed, **{f"{k}_ms": 1000*v/n for k,v in {**self.cpu, 'handoff': self.rngs.cpu}.items()})
 
     def _take(self, outcome):
-        "`outcome()` (a write, or a wait for one); a failure kept in words, which every rank hears at the next memory checkpoint"
+        "`outcome()` (a write, or a wait for one); a failure stops this node's memory checkpoints"
         try: outcome()
-        except CheckpointError as e: self.failure = str(e)
+        except Exception as e: self._stop(e)
+
+    def _stop(self, e):
+        "This node's writer stops writing memory checkpoints, and says why, once: the other nodes' go on, and every rank's training"
+        self.on = False
+        print(f"CheckpointCallback: no more memory checkpoints on {socket.gethostname()} (rank {rank_distrib()}) in this fit: "
+              f"{describe(e) if not isinstance(e, CheckpointError) else e}; the training goes on", flush=True)
 
     def wait_staged(self):
-        "Wait until the last memory checkpoint's state is in host memory: the training may then change the tensors"
-        if self.staged is not None: self.staged.wait(); self.staged = None
+        "Wait until the last memory checkpoint's tensors are copied: the training may then change them"
+        if self.staged is not None: staged,self.staged = self.staged,None; self._take(staged.wait)
 
     def wait(self):
         "Wait for the last memory checkpoint's write"
         if self.writing is not None: writing,self.writing = self.writing,None; self._take(writing.result)
 
     def end(self, keep=False): # keep the memory checkpoints (torchrun restarts the workers)
-        "As the fit ends: finish the write under way and remove the run's memory checkpoints, unless `keep`"
+        "As the fit ends: finish the writes under way and remove the run's memory checkpoints, unless `keep`"
+        self.rngs.close()
         if not self.writes: return
         self.wait()
+        self.memory.close()
         if not keep: self.memory.remove()

@@ -8,6 +8,7 @@ import io, os, inspect, pickle, zipfile
 from functools import partial, cache
 from pathlib import Path
 import numpy as np, torch, torch.distributed as dist
+from torch._weights_only_unpickler import Unpickler as _WeightsOnlyUnpickler
 from fastcore.basics import *
 from fastcore.foundation import L
 from fastcore.meta import delegates
@@ -19,7 +20,8 @@ from .background import background_saves
 from .directories import dir_is_shared
 
 # %% auto #0
-__all__ = ['broadcast_bytes', 'read_on_all', 'is_torch_zip', 'fastai_torch_load', 'split_kwargs', 'load_state']
+__all__ = ['broadcast_bytes', 'read_on_all', 'is_torch_zip', 'fastai_torch_load', 'weights_only_loads', 'split_kwargs',
+           'load_state']
 
 # %% ../nbs/13_reads.ipynb #4faccbe3
 def _truncated(file):
@@ -130,6 +132,12 @@ def fastai_torch_load(file, weights_only=True, **kwargs):
     "`torch.load`; with `weights_only`, the non-tensor types of fastai's states are allowed too, as in fastai's `load_model`"
     if not weights_only: return torch.load(file, weights_only=False, **kwargs)
     with torch.serialization.safe_globals(_fastai_safe_globals()): return torch.load(file, weights_only=True, **kwargs)
+
+# %% ../nbs/13_reads.ipynb #525e41f1
+def weights_only_loads(data, # the bytes of a plain pickle (no tensors in it)
+                       safe=()): # more types it may hold
+    "The object pickled in `data`, read as `torch.load(weights_only=True)` reads a checkpoint: plain values, fastai's types and `safe` alone, nothing run"
+    with torch.serialization.safe_globals([*_fastai_safe_globals(), *safe]): return _WeightsOnlyUnpickler(io.BytesIO(data), encoding='utf-8').load()
 
 # %% ../nbs/13_reads.ipynb #b30aff95
 @cache

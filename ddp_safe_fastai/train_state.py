@@ -24,9 +24,10 @@ with fastai_defaults_kept():
 
 # %% auto #0
 __all__ = ['model_state', 'step_tensors', 'apply_model_state', 'get_rng_state', 'set_rng_state', 'derived_rng_state',
-           'rng_state_for', 'callback_state', 'load_callback_state', 'inner_dls', 'world_size', 'epoch_fraction',
-           'capture_state', 'checkpoint_files', 'upgrade_state', 'apply_state', 'resume_within_epoch',
-           'read_training_state', 'epoch_remainder', 'resume_pass', 'ResumePoint', 'resuming', 'FORMAT']
+           'rng_state_for', 'callback_state', 'load_callback_state', 'unwrapped', 'inner_dls', 'world_size',
+           'epoch_fraction', 'RecordedFloats', 'capture_state', 'checkpoint_files', 'upgrade_state', 'apply_state',
+           'resume_within_epoch', 'read_training_state', 'epoch_remainder', 'resume_pass', 'ResumePoint', 'resuming',
+           'FORMAT']
 
 # %% ../nbs/22_train_state.ipynb #0764f4d0
 def model_state(model, opt, with_opt):
@@ -112,9 +113,13 @@ def _stateful_callbacks(learn):
     return [cb for cb in learn.cbs.sorted('order') if callback_state(cb) is not None]
 
 # %% ../nbs/22_train_state.ipynb #469078c9
+def unwrapped(dl):
+    "`dl`, or the DataLoader a `DistributedDL` wraps (it keeps it in its `dl`; asked of a `TfmdDL`, fastai would search its transforms)"
+    return vars(dl).get('dl', dl)
+
 def inner_dls(learn):
     "The DataLoaders being trained on, unwrapped from `DistributedDL`"
-    return [getattr(dl, 'dl', dl) for dl in learn.dls.loaders]
+    return [unwrapped(dl) for dl in learn.dls.loaders]
 
 # %% ../nbs/22_train_state.ipynb #55d55885
 def world_size(): return max(num_distrib(), 1)
@@ -123,8 +128,38 @@ def world_size(): return max(num_distrib(), 1)
 def epoch_fraction(learn, done):
     "The fraction of the epoch's samples the ranks trained on, from its `done` (see `epoch_remainder`)"
     if not done: return 0.
-    dl = getattr(learn.dl, 'dl', learn.dl)
+    dl = unwrapped(learn.dl)
     return sum(ws*b for ws,b in done) * dl.bs / max(dl.n, 1)
+
+# %% ../nbs/22_train_state.ipynb #615bfd55
+class RecordedFloats:
+    "The Recorder's lists of a value a batch (losses, learning rates, iterations), each value converted once: within a fit they only grow (a new fit, or a resume, makes others)"
+    kinds = dict(losses=float, lrs=float, iters=int)  # losses are tensors, a scheduler's rates numpy's floats
+    def __init__(self): self.seen = {}  # {name: (the Recorder's list, its values so far, a tensor of them, how many it holds)}
+
+    def _update(self, values, name):
+        of,done,buf,n = self.seen.get(name, (None, [], None, 0))
+        if values is not of or len(values) < len(done): of,done,buf,n = values,[],None,0
+        done.extend(map(self.kinds[name], values[len(done):]))
+        self.seen[name] = of,done,buf,n
+        return done
+
+    def __call__(self, values, # `learn.recorder.losses`, `lrs` or `iters`
+                 name='losses'):
+        "The values as a list of Python numbers"
+        return list(self._update(values, name))
+
+    def tensor(self, values, name='losses'):
+        "The values as a tensor (float64, int64 for `iters`): only the new ones copied, into room that doubles when full"
+        done = self._update(values, name)
+        of,_,buf,n = self.seen[name]
+        if buf is None or len(done) > len(buf):
+            grown = torch.empty(max(2*len(done), 1024), dtype=torch.int64 if self.kinds[name] is int else torch.float64)
+            if buf is not None: grown[:n] = buf[:n]
+            buf = grown
+        if len(done) > n: buf[n:len(done)] = torch.tensor(done[n:], dtype=buf.dtype)
+        self.seen[name] = of,done,buf,len(done)
+        return buf[:len(done)]
 
 # %% ../nbs/22_train_state.ipynb #615bfd56
 _metric_attrs = ('total', 'count', 'preds', 'targs')  # what fastai's metrics accumulate over an epoch
@@ -133,16 +168,19 @@ def capture_state(learn:Learner, # the Learner, after a training batch or an epo
                   fit:int, # which fit of the script this is
                   epoch_dl_rng:list, # the DataLoaders' shuffling states as the epoch started
                   done:list|None=None, # inside an epoch: its `done` so far, this run's batches included; None: at its end
-                  stopped=False): # an `EarlyStoppingCallback` ended the fit
+                  stopped=False, # an `EarlyStoppingCallback` ended the fit
+                  losses=None, # a `RecordedFloats` the caller keeps across its checkpoints (default: every value converted)
+                  packed=False): # the Recorder's lists of a value a batch as tensors (`RecordedFloats.tensor`): for a checkpoint in node memory
     "The training state of `learn`, as the versioned dictionary `FORMAT` describes"
-    rec = learn.recorder
+    rec,recorded = learn.recorder,losses or RecordedFloats()
+    listed = recorded.tensor if packed else recorded
     return dict(format=FORMAT, model=model_state(learn.model, learn.opt, True), fit=fit, stopped=stopped,
                 epoch=learn.epoch if done else learn.epoch+1, iter=learn.iter+1 if done else 0, done=done or [],
                 pct_train=learn.pct_train, train_iter=learn.train_iter, epoch_dl_rng=epoch_dl_rng,
                 dl_rng=[dl.rng.getstate() for dl in inner_dls(learn)],
                 train_mets=[{k: getattr(m, k) for k in _metric_attrs if hasattr(m, k)} for m in rec._train_mets[1:]],
-                values=[list(v) for v in rec.values], losses=[float(l) for l in rec.losses], lrs=list(rec.lrs),
-                iters=list(rec.iters), smooth_count=rec.smooth_loss.count, smooth_loss=float(rec.smooth_loss.val),
+                values=[list(v) for v in rec.values], losses=listed(rec.losses, 'losses'), lrs=listed(rec.lrs, 'lrs'),
+                iters=listed(rec.iters, 'iters'), smooth_count=rec.smooth_loss.count, smooth_loss=float(rec.smooth_loss.val),
                 callbacks=[(type(cb).__name__, callback_state(cb)) for cb in _stateful_callbacks(learn)])
 
 # %% ../nbs/22_train_state.ipynb #e77fd1bc
@@ -195,7 +233,7 @@ def resume_within_epoch(learn:Learner, # the Learner, in `before_train` of the r
                         state:dict, # the training state `apply_state` was given
                         rng:dict): # this rank's random states
     "The epoch's shuffle as it started, less what the ranks trained on; the batch count, schedule and metrics where they were; the batch the pass goes on from"
-    dl,inner = learn.dl,getattr(learn.dl, 'dl', learn.dl)
+    dl,inner = learn.dl,unwrapped(learn.dl)
     for d,st in zip(inner_dls(learn), state['epoch_dl_rng']): d.rng.setstate(st)
     whole = any(c.__name__ == 'LMDataLoader' for c in type(inner).__mro__) # without importing fastai.text
     if state['done'][-1][0] == world_size(): iter,learn.pct_train = state['iter'],state['pct_train']

@@ -1,8 +1,9 @@
 """A user's training script with memory checkpoints: dropout, random noise on the inputs, one-cycle, a durable checkpoint
 every epoch. torchrun ... ROOT MEMORY_EVERY [EPOCHS]. KILL_AT=N KILL_RANK=R: in torchrun's first attempt, rank R is
-SIGKILLed as training batch N starts (KILL_RANK=all: every rank, once the last epoch's checkpoint is written). Each rank logs the training batches it starts
+SIGKILLed as training batch N starts (KILL_RANK=all: every rank, once the last epoch's checkpoint is written). MEMORY_DIR: the tmpfs. Each rank logs the training batches it starts
 (`batches<rank>.txt`: attempt, batch, time). WIDTH=W: the hidden layer's width (default 32). ASYNC=0: `async_save=False`"""
-import os, sys, json, time, signal, hashlib, resource
+import time; started = time.time()  # the worker's start: torchrun's restart ends here
+import os, sys, json, signal, hashlib, resource, threading, statistics
 from pathlib import Path
 import torch
 from fastai.basics import *
@@ -11,6 +12,16 @@ from ddp_safe_fastai.all import *
 from ddp_safe_fastai.testing import synth_learner
 
 attempt = int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0))
+imported = time.time()
+
+def resident(peak={'private': 0}, stop=threading.Event()):
+    "Sample this process's resident memory but the tmpfs pages it maps (RssAnon + RssFile), every 20 ms: its peak, in MiB"
+    def sample():
+        while not stop.wait(0.02):
+            kb = {l.split(':')[0]: int(l.split()[1]) for l in open('/proc/self/status') if l.startswith(('RssAnon', 'RssFile'))}
+            peak['private'] = max(peak['private'], sum(kb.values())/1024)
+    threading.Thread(target=sample, daemon=True).start()
+    return peak
 
 class Noise(Callback):
     def before_batch(self):
@@ -26,16 +37,36 @@ class LogAndKill(Callback):
             if os.environ['KILL_RANK'] == 'all': ckpt.durable_tier.wait()  # the last epoch's checkpoint is whole on disk, however slow the machine
             os.kill(os.getpid(), signal.SIGKILL)
 
+class Ready(Callback):
+    "Just before `CheckpointCallback` resumes: the process group and DDP are up, every rank has met once"
+    order = CheckpointCallback.order - 1
+    def before_fit(self):
+        if torch.distributed.is_initialized(): torch.distributed.barrier()
+        self.at = time.time()
+
 root,every,epochs = Path(sys.argv[1]),int(sys.argv[2]),int((sys.argv[3:] or [3])[0])
 root.mkdir(parents=True, exist_ok=True)
 learn = synth_learner(n=512, path=root, seed=4)
 width = int(os.environ.get('WIDTH', 32))
 learn.model = nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Dropout(0.3), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)) if width > 32 else \
               nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
-ckpt = CheckpointCallback(memory_every_iters=every or None, async_save=os.environ.get('ASYNC', '1') != '0')
+ckpt = CheckpointCallback(memory_every_iters=every or None, async_save=os.environ.get('ASYNC', '1') != '0', memory_dir=os.environ.get('MEMORY_DIR'))
+peak,ready = resident(),Ready()
 t,cpu = time.monotonic(),time.process_time()
-with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 0.02, cbs=[ckpt, Noise(), LogAndKill()])
+with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 0.02, cbs=[ckpt, Noise(), LogAndKill(), ready])
 t,cpu = time.monotonic()-t,time.process_time()-cpu
+(root/f"times{rank_distrib()}_{attempt}.json").write_text(json.dumps(dict(started=started, imported=imported, ready=ready.at, **ckpt.resume_seconds)))
+
+def one_copy_ms():
+    "A copy of the state's tensors into memory already there, its cache flushed first, as a memory checkpoint's is: the median of 20"
+    state = [p.detach() for p in learn.model.state_dict().values()] + [t for st in learn.opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    dest,flush,times = [torch.empty_like(x) for x in state],torch.ones(2**26),[]
+    for _ in range(20):
+        flush.add_(1); start = time.thread_time()
+        for d,x in zip(dest, state): d.copy_(x)
+        times.append(1000*(time.thread_time() - start))
+    return statistics.median(times)
 sha = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
 (root/f"result{rank_distrib()}.json").write_text(json.dumps(dict(sha=sha, resumed_from=ckpt.resumed_from, tier=ckpt.resumed_tier, seconds=t, cpu=cpu,
-                                                             maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)))
+    maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024, private_peak_mb=peak['private'], memory_cost=ckpt.memory_cost,
+    copy_ms=one_copy_ms() if os.environ.get('COPY') else None)))

@@ -7,13 +7,14 @@ from pathlib import Path
 import pytest
 from ddp_safe_fastai.launch import free_port, kill_tree
 from ddp_safe_fastai.memory_tier import MemoryCheckpoints
+from conftest import needs_mounts
 
 SCRIPT = str(Path(__file__).parent/'memory_script.py')
 EVERY = 5
 
-def torchrun(root, every=EVERY, nproc=2, restarts=0, timeout=240, epochs=2, **env):
-    "Run the script under torchrun as a user does; its exit status (a run past `timeout` is killed and fails the test)"
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc), '--master_addr', '127.0.0.1',
+def torchrun(root, every=EVERY, nproc=2, restarts=0, timeout=240, epochs=2, prefix=(), **env):
+    "Run the script under torchrun as a user does (after `prefix`); its exit status (a run past `timeout` is killed and fails the test)"
+    cmd = [*prefix, sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc), '--master_addr', '127.0.0.1',
            '--master_port', str(free_port()), '--max-restarts', str(restarts), SCRIPT, str(root), str(every), str(epochs)]
     root.mkdir(parents=True, exist_ok=True)
     with open(root.parent/f"{root.name}.log", 'a') as log:
@@ -103,12 +104,19 @@ def test_memory_wiped_resumes_from_the_directory(uninterrupted, killed, tmp_path
     res = again(killed, tmp_path, lambda root, mem: shutil.rmtree(mem))
     assert res[0]['resumed_from'] == 'epoch_0001' and res[0]['tier'] == 'disk' and res[0]['sha'] == uninterrupted
 
-def test_memory_checkpoint_cut_short_is_refused(uninterrupted, killed, tmp_path):
-    "A write killed half-way leaves a file shorter than its manifest says"
-    def cut(root, mem):
-        f = mem/'epoch_0001_iter_000008'/'state.pth'
-        f.write_bytes(f.read_bytes()[:100])
-    res = again(killed, tmp_path, cut)
+def _cut(f, keep=100):
+    with open(f, 'r+b') as out: out.truncate(keep)
+
+@pytest.mark.parametrize('damage', [
+    lambda ckpt: _cut(ckpt/'tensors'),  # the raw tensors, shorter than the manifest says
+    lambda ckpt: _cut(ckpt/'tensors', (ckpt/'tensors').stat().st_size - 1),  # a byte short
+    lambda ckpt: _cut(ckpt/'state.pkl'),
+    lambda ckpt: (ckpt/'state.pkl').write_bytes(b'x'*(ckpt/'state.pkl').stat().st_size),  # its size, not its checksum
+    lambda ckpt: (ckpt/'manifest.json').unlink(),  # a write killed before its manifest: its tensors may be whole, or not
+], ids=['tensors cut', 'tensors a byte short', 'state cut', 'state changed', 'no manifest'])
+def test_half_written_memory_checkpoint_is_refused(uninterrupted, killed, tmp_path, damage):
+    "A memory checkpoint that a killed write left half-written, or that was damaged, is refused: the run resumes from its directory, bit for bit"
+    res = again(killed, tmp_path, lambda root, mem: damage(mem/'epoch_0001_iter_000008'))
     assert res[0]['resumed_from'] == 'epoch_0001' and res[0]['tier'] == 'disk' and res[0]['sha'] == uninterrupted
 
 def test_another_runs_memory_checkpoint_is_refused(uninterrupted, killed, tmp_path):
@@ -129,3 +137,17 @@ def test_memory_of_runs_gone_is_listed_and_removed(killed):
     shutil.rmtree(root/'models')
     assert f"{memory(root)}: {(root/'models/ckpt').absolute()}, epoch_0001_iter_000008" in check('memory', '--remove')
     assert not memory(root).exists()
+
+@needs_mounts
+def test_a_node_without_room_says_so_once(tmp_path):
+    """A tmpfs of 256 KiB for a state of 3 MiB: the node's writer says so once, at the first memory checkpoint, and
+    writes no more; the training and its durable checkpoints go on"""
+    root,tiny = tmp_path/'run',tmp_path/'tiny'
+    tiny.mkdir()
+    mount = 'mount --make-rprivate / && mount -t tmpfs -o size=256k tmpfs "$0" && exec "$@"'
+    assert torchrun(root, prefix=['unshare', '-m', 'sh', '-c', mount, str(tiny)], WIDTH='512', MEMORY_DIR=str(tiny)) == 0, log(root)[-3000:]
+    said = log(root)
+    assert said.count('CheckpointCallback: no more memory checkpoints on') == 1, said[-3000:]
+    assert 'bytes free, a memory checkpoint needs' in said and '(rank 0) in this fit' in said, said[-3000:]
+    assert (root/'models/ckpt/latest').read_text().strip() == 'epoch_0002'
+    assert results(root)[0]['sha'] == results(root)[1]['sha']
