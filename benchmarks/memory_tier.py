@@ -9,7 +9,7 @@
   run is left in memory; beside it, what the durable checkpoints alone would redo (every batch since the epoch's start);
 - the cost, in one run: fits of 12 epochs (384 batches a rank) of a wider model (`--width`, default 1024: 12 MiB of
   weights and optimizer state) with `memory_every_iters` 1, 10 and 100 and without, interleaved: the fit's time against
-  the plain one's; on rank 0 (a node's writer), the CPU of each memory checkpoint in every thread of the tier
+  the plain one's, and rank 0's CPU time against the plain fit's; on rank 0 (a node's writer), the CPU of each memory checkpoint in every thread of the tier
   (`CheckpointCallback.memory_cost`) against one copy of the same tensors into memory already there, its cache flushed
   (measured in the same process after the fit); rank 0's peak resident memory (`ru_maxrss`, which counts the tmpfs pages
   it maps) and its peak private memory (RssAnon + RssFile, sampled every 20 ms).
@@ -54,6 +54,7 @@ def cost(d, repeats, width):
     rows = {}
     for a,n in arms.items():
         rows[a] = dict(fit_seconds=med(a, lambda x: x['seconds']), ratio=med(a, lambda x: x['seconds'])/med('plain', lambda x: x['seconds']),
+                       cpu_ratio=med(a, lambda x: x['cpu'])/med('plain', lambda x: x['cpu']),  # rank 0's CPU seconds: the fit's work, without what the machine's neighbours take
                        peak_rss_mb=med(a, lambda x: x['maxrss_mb']), peak_private_mb=med(a, lambda x: x['private_peak_mb']))
         if n:
             c = lambda x: x['memory_cost']

@@ -263,7 +263,7 @@ class RngHandoff:
         self.store,self.rank,self.world = store,rank,world
         self.timeout,self.prefix,self.own,self.handed,self.count = distrib_timeout(timeout),f"{run_prefix()}/memory_rng",{},{},0  # {checkpoint: its slot}
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_rng') if self.store else None
-        self.cpu = 0.  # CPU seconds of the hand-offs, in their thread
+        self.cpu,self.last = 0.,None  # CPU seconds of the hand-offs, in their thread; the last one's `Future`
 
     @classmethod
     def of_this_process(cls, timeout=None):
@@ -277,13 +277,15 @@ class RngHandoff:
         "On every rank, after the batch of checkpoint `name`: its random states go to the store in the background"
         now = rng_now()
         if self.store is None: self.own = {name: now}; return  # the writer took the last one before this batch ended
+        if self.last is not None and self.last.done() and (e := self.last.exception()):  # asked, not waited for
+            raise CheckpointError(f"CheckpointCallback memory checkpoint: rank {self.rank} could not hand its random states to the store: {describe(e)}")
         self.handed[name],self.count = self.count % self.slots,self.count + 1
         if len(self.handed) > self.slots: self.handed.pop(next(iter(self.handed)))  # the oldest: every writer has read it
-        self.thread.submit(self._set, name, now)
+        self.last = self.thread.submit(self._set, self.handed[name], name, now)
 
-    def _set(self, name, now):
+    def _set(self, slot, name, now):
         start = time.thread_time()
-        self.store.set(self.key(self.handed[name], self.rank), name.encode() + b'\n' + rng_bytes(now))
+        self.store.set(self.key(slot, self.rank), name.encode() + b'\n' + rng_bytes(now))
         self.cpu += time.thread_time() - start
 
     def gather(self, name):
