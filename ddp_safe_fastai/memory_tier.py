@@ -345,7 +345,7 @@ class MemoryTier:
         self.memory,self.writes = MemoryCheckpoints(durable, memory_dir),local_rank_distrib() == 0  # on every rank: where a resume reads
         self.rngs = RngHandoff.of_this_process()
         self.on,self.identity,self.writing,self.staged = True,None,None,None
-        self.cpu,self.committed = dict(training=0., writer=0.),0  # CPU seconds in the training's thread and the writer's; checkpoints committed
+        self.cpu,self.saves,self.committed = dict(training=0., writer=0.),0,0  # CPU seconds in the training's thread and the writer's; checkpoints taken, and committed here
 
     def latest(self, identity): # the run's (`run_identity`), as rank 0 read it
         "On a node's writer: (name, manifest) of the newest complete checkpoint of run `identity` on this world size in this node's memory"
@@ -358,6 +358,7 @@ class MemoryTier:
         self.rngs.hand(name)
         if self.writes and self.on: self._stage(name, *capture())
         self.cpu['training'] += time.thread_time() - start
+        self.saves += 1
 
     def _stage(self, name, state, info, later):
         "Copy `state` into a mapped file of checkpoint `name`: at once, but the tensors in `later` (in the writer's thread, before the next step); then commit it"
@@ -384,9 +385,9 @@ class MemoryTier:
         self.committed += 1
 
     def cost(self):
-        "What this rank's memory checkpoints cost so far: how many this node's writer committed, and the CPU milliseconds of each, in the training's thread, the writer's and the hand-off's"
-        n = max(self.committed, 1)
-        return dict(checkpoints=self.committed, **{f"{k}_ms": 1000*v/n for k,v in {**self.cpu, 'handoff': self.rngs.cpu}.items()})
+        "What this rank's memory checkpoints cost so far: how many there were, how many this node's writer committed, and the CPU milliseconds of each, in the training's thread, the writer's and the hand-off's"
+        n = max(self.saves, 1)
+        return dict(checkpoints=self.saves, committed=self.committed, **{f"{k}_ms": 1000*v/n for k,v in {**self.cpu, 'handoff': self.rngs.cpu}.items()})
 
     def _take(self, outcome):
         "`outcome()` (a write, or a wait for one); a failure stops this node's memory checkpoints"
