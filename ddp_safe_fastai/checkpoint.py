@@ -334,13 +334,13 @@ class CheckpointCallback(CallbackStorage, Callback):
         room = failure_of(self.durable_tier.check_room, name, state) if is_main_process(self.scope) else None  # in words: every rank raises it
         rngs,rooms = zip(*exchange((rng or get_rng_state(), room), 'CheckpointCallback rng', timeout))
         raise_failures(rooms, f"CheckpointCallback {self.root/name}")  # on every rank, before anything is written
-        self.durable_tier.save(name, state, rngs, info, {self.resumed_from}, step_tensors(self.learn.model, self.learn.opt), timeout)
+        self.durable_tier.save(name, state, rngs, info, {self.resumed_from}, step_tensors(self.learn.model, self.learn.opt, state['model']), timeout)
 
     def _checkpoint_memory(self):
         "A checkpoint after this batch into node memory (`MemoryTier`): every rank hands each node's writer its random states; the writers take the state"
         def capture():
             state,_,info = self._capture(within=True, packed=True)
-            return state,info,step_tensors(self.learn.model, self.learn.opt)
+            return state,info,step_tensors(self.learn.model, self.learn.opt, state['model'])
         self.memory.save(checkpoint_name(self.epochs_before + self.epoch, self.iter+1), capture)
 
     def _stop(self):

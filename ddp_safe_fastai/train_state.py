@@ -36,9 +36,11 @@ def model_state(model, opt, with_opt):
     return {'model': state, 'opt': opt.state_dict()} if with_opt and opt is not None else state
 
 # %% ../nbs/22_train_state.ipynb #35edb9a3
-def step_tensors(model, opt):
+def step_tensors(model, opt,
+                 taken=None): # `model_state`'s, already taken with the optimizer's: its state is read there, not asked of `opt` again
     "The `data_ptr`s of the tensors that only an optimizer step changes: the model's parameters and the optimizer's state"
-    state = opt.state_dict()['state'] if opt is not None else []
+    if taken is not None and set(taken) == {'model', 'opt'}: state = taken['opt']['state']
+    else: state = opt.state_dict()['state'] if opt is not None else []
     return {t.data_ptr() for t in [*get_model(model).parameters(), *tensors_in(state)]}
 
 # %% ../nbs/22_train_state.ipynb #a7685078
