@@ -8,11 +8,14 @@
   and the first batch's start), the tier resumed from, whether the run ends with the uninterrupted weights (sha256), whether anything of the
   run is left in memory; beside it, what the durable checkpoints alone would redo (every batch since the epoch's start);
 - the cost, in one run: fits of 12 epochs (384 batches a rank) of a wider model (`--width`, default 1024: 12 MiB of
-  weights and optimizer state) with `memory_every_iters` 1, 10 and 100 and without, interleaved: the fit's time against
-  the plain one's, and rank 0's CPU time against the plain fit's; on rank 0 (a node's writer), the CPU of each memory checkpoint in every thread of the tier
-  (`CheckpointCallback.memory_cost`) against one copy of the same tensors into memory already there, its cache flushed
-  (measured in the same process after the fit); rank 0's peak resident memory (`ru_maxrss`, which counts the tmpfs pages
-  it maps) and its peak private memory (RssAnon + RssFile, sampled every 20 ms).
+  weights and optimizer state) with `memory_every_iters` 1, 10 and 100, without, and without but with one copy of the
+  state after every batch ("one copy"), interleaved: the fit's time against the plain one's, and rank 0's CPU time
+  against the plain fit's; on rank 0 (a node's writer), the CPU of each memory checkpoint in every thread of the tier
+  (`CheckpointCallback.memory_cost`) against one copy of the same tensors into memory already there. That copy is taken
+  where a checkpoint takes its state, after each batch of the "one copy" fit (the median); beside it, as it was measured
+  before, one copy in the same process after the fit, its cache flushed (the median of 20), which varies between runs
+  with whether the other rank copies at the same time; rank 0's peak resident memory (`ru_maxrss`, which counts the tmpfs
+  pages it maps) and its peak private memory (RssAnon + RssFile, sampled every 20 ms).
 
     .venv-latest/bin/python benchmarks/memory_tier.py [--kills 20] [--seed 0] [--repeats 2] [--out FILE.json]"""
 import sys, json, random, argparse, tempfile, statistics
@@ -43,25 +46,28 @@ def kill_trial(d, i, rng, full, every=5):
                 left_in_memory=memory(root).exists())
 
 def cost(d, repeats, width):
-    arms = {'plain': 0, 'N=100': 100, 'N=10': 10, 'N=1': 1}
+    arms = {'plain': 0, 'one copy': 0, 'N=100': 100, 'N=10': 10, 'N=1': 1}
     out = {a: [] for a in arms}
     for r in range(repeats):
         for a,n in arms.items():
-            root = Path(d)/f"cost_{a}_{r}"
-            assert torchrun(root, n, epochs=COST_EPOCHS, timeout=900, WIDTH=str(width), COPY='1' if n else '') == 0
+            root = Path(d)/f"cost_{a.replace(' ', '_')}_{r}"
+            assert torchrun(root, n, epochs=COST_EPOCHS, timeout=900, WIDTH=str(width), COPY='1' if n else '', COPY_EACH='1' if a == 'one copy' else '') == 0
             out[a].append(results(root)[0])
     med = lambda a, f: statistics.median(f(x) for x in out[a])
+    copy_ms = med('one copy', lambda x: x['copy_each_ms'])  # one copy of the state, where a checkpoint takes it
     rows = {}
     for a,n in arms.items():
         rows[a] = dict(fit_seconds=med(a, lambda x: x['seconds']), ratio=med(a, lambda x: x['seconds'])/med('plain', lambda x: x['seconds']),
                        cpu_ratio=med(a, lambda x: x['cpu'])/med('plain', lambda x: x['cpu']),  # rank 0's CPU seconds: the fit's work, without what the machine's neighbours take
-                       peak_rss_mb=med(a, lambda x: x['maxrss_mb']), peak_private_mb=med(a, lambda x: x['private_peak_mb']))
+                       peak_rss_mb=med(a, lambda x: x['maxrss_mb']), peak_private_mb=med(a, lambda x: x['private_peak_mb']),
+                       fits=[(round(x['seconds'], 3), round(x['cpu'], 3)) for x in out[a]])  # each fit's seconds and rank 0's CPU seconds, in the order run
         if n:
             c = lambda x: x['memory_cost']
             rows[a].update(checkpoints=med(a, lambda x: c(x)['checkpoints']), cpu_ms_per_checkpoint=med(a, lambda x: c(x)['training_ms'] + c(x)['writer_ms'] + c(x)['handoff_ms']),
                            training_ms=med(a, lambda x: c(x)['training_ms']), writer_ms=med(a, lambda x: c(x)['writer_ms']), handoff_ms=med(a, lambda x: c(x)['handoff_ms']),
-                           one_copy_ms=med(a, lambda x: x['copy_ms']))
-            rows[a]['cpu_per_checkpoint_vs_one_copy'] = rows[a]['cpu_ms_per_checkpoint']/rows[a]['one_copy_ms']
+                           one_copy_ms=copy_ms, one_copy_flushed_ms=med(a, lambda x: x['copy_ms']))
+            rows[a]['cpu_per_checkpoint_vs_one_copy'] = rows[a]['cpu_ms_per_checkpoint']/copy_ms
+            rows[a]['cpu_per_checkpoint_vs_one_copy_flushed'] = rows[a]['cpu_ms_per_checkpoint']/rows[a]['one_copy_flushed_ms']
     return rows
 
 if __name__ == '__main__':

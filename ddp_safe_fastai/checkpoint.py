@@ -321,9 +321,10 @@ class CheckpointCallback(CallbackStorage, Callback):
 
     def _capture(self, within, stopped=False, packed=False):
         "The training state now (`packed`: the Recorder's lists as tensors), its checkpoint's name, and what its manifest says of it"
-        done = self.done + [(world_size(), self.iter+1 - self.segment_start)] if within else None
+        ranks = world_size()
+        done = self.done + [(ranks, self.iter+1 - self.segment_start)] if within else None
         state = capture_state(self.learn, self.fit_no, self.epoch_dl_rng, done, stopped, self.losses, packed)
-        info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done), fit=self.fit_no, world_size=world_size())
+        info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done), fit=self.fit_no, world_size=ranks)
         return state,checkpoint_name(self.epochs_before + state['epoch'], state['iter']),info
 
     def _checkpoint(self, stopped=False, within=False, rng=None, timeout=None):

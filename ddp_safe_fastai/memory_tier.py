@@ -7,14 +7,14 @@ from __future__ import annotations
 import os, json, time, zlib, pickle, random, shutil, hashlib, secrets, socket
 from array import array
 from functools import partial
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import suppress
 from pathlib import Path
 import numpy as np, torch
 from fastcore.basics import *
 from .errors import CheckpointError, describe
 from .ranks import distrib_timeout, num_distrib, rank_distrib, run_prefix
-from .rendezvous import group_store, join_launched_group, local_rank_distrib
+from .rendezvous import all_gather_object, group_store, join_launched_group, local_rank_distrib
 from .locations import is_url
 from .files import atomic_write
 from .written import remove_tree
@@ -27,8 +27,8 @@ from .storage import LocalStorage
 from .checkpoint_dir import StoredCheckpoints
 
 # %% auto #0
-__all__ = ['memory_base', 'check_memory_room', 'read_run_identity', 'run_identity', 'MemoryStorage', 'MemoryCheckpoints',
-           'memory_runs', 'restarts_left', 'rng_now', 'rng_bytes', 'rng_of_bytes', 'RngHandoff',
+__all__ = ['memory_base', 'check_memory_room', 'read_run_identity', 'run_identity', 'skeleton_bytes', 'MemoryStorage',
+           'MemoryCheckpoints', 'memory_runs', 'restarts_left', 'rng_now', 'rng_bytes', 'rng_of_bytes', 'RngHandoff',
            'read_memory_checkpoint', 'MemoryTier']
 
 # %% ../nbs/34_memory_tier.ipynb #2bb37451
@@ -101,18 +101,25 @@ def _replace(f, data):
     _write(tmp, data)
     os.replace(tmp, f)
 
+# %% ../nbs/34_memory_tier.ipynb #f35a0b66
+def skeleton_bytes(skeleton): # `raw_layout`'s
+    "A memory checkpoint's `state.pkl`: the skeleton of its state, a plain pickle with no tensor in it, which a weights-only load reads"
+    return pickle.dumps(skeleton, protocol=2)
+
 # %% ../nbs/34_memory_tier.ipynb #e22938de
 class MemoryStorage(LocalStorage):
     "A `LocalStorage` in a tmpfs, without syncs; its `latest` is not noted as this process's: the next writer is often a restarted process. A checkpoint counts only in the raw layout (`MemoryCheckpoints.commit`)"
     def __init__(self, root): super().__init__(root, durable=False, note_latest=False)
     def why_incomplete(self, name, manifest):
-        if manifest is not None and manifest.get('layout') != 'raw': return "not in the raw layout: an earlier release wrote it"
+        if manifest is not None and (manifest.get('layout') != 'raw' or 'rng_sizes' not in manifest): return "not in the raw layout: an earlier release wrote it"
+        if manifest is not None and sum(manifest['rng_sizes']) != manifest.get('files', {}).get('rngs', {}).get('size'):
+            return "the sizes of its random states do not add up to its rngs file: its manifest is damaged"
         return super().why_incomplete(name, manifest)
 
 # %% ../nbs/34_memory_tier.ipynb #a1786456
 class MemoryCheckpoints(StoredCheckpoints):
     "The checkpoints in node memory of the run whose durable checkpoints are at `durable` (a directory or a URL): one complete, and the one being written"
-    spare_name = 'spare.tensors'  # a rotated checkpoint's `tensors`, kept for the next but one
+    spare_name = 'spare'  # the folder of a rotated checkpoint, kept for the next but one: its `tensors` are mapped
     def __init__(self, durable, # the run's durable location
                  memory_dir=None): # the tmpfs (default `/dev/shm`)
         self.durable = str(durable)
@@ -128,17 +135,18 @@ class MemoryCheckpoints(StoredCheckpoints):
 
     def begin(self, name, # the checkpoint (`checkpoint_name`)
               nbytes): # the bytes of its raw tensors (`raw_layout`)
-        "Make checkpoint `name`'s folder and its `tensors` file, mapped: a rotated checkpoint's file if there is one (its pages are there, and mapped)"
+        "Make checkpoint `name`'s folder and its `tensors` file, mapped: the spare folder, if there is one (the pages of its `tensors` are there, and mapped)"
         if not self.mapped:  # the first checkpoint this process writes
             self.folder.mkdir(mode=0o700, exist_ok=True)
             run = self.folder/'run.json'
             if not run.is_file(): atomic_write(run, lambda tmp: Path(tmp).write_text(json.dumps(dict(durable=self.durable, host=socket.gethostname()))), False)
-        ckpt = os.path.join(self.folder, name)
-        try: os.mkdir(ckpt)
-        except FileExistsError: self.storage.remove(name); os.mkdir(ckpt)  # a killed write's
-        f = os.path.join(ckpt, 'tensors')
-        with suppress(FileNotFoundError): os.rename(os.path.join(self.folder, self.spare_name), f)
-        return self._mapping(f, nbytes)
+        ckpt,spare = os.path.join(self.folder, name),os.path.join(self.folder, self.spare_name)
+        try: os.rename(spare, ckpt)  # its other files are written again before the manifest
+        except FileNotFoundError:
+            try: os.mkdir(ckpt)
+            except FileExistsError: self.storage.remove(name); os.mkdir(ckpt)  # a killed write's
+        except OSError: self.storage.remove(name); os.rename(spare, ckpt)  # a killed write's, in the way
+        return self._mapping(os.path.join(ckpt, 'tensors'), nbytes)
 
     def _mapping(self, f, nbytes):
         "The writer's mapping of `f`, of `nbytes` or more: the one it has, or a new one once the room is checked"
@@ -156,29 +164,26 @@ class MemoryCheckpoints(StoredCheckpoints):
         return m
 
     def commit(self, name, # the checkpoint, begun and its tensors copied
-               skeleton, # the state, its tensors replaced by their places (`raw_layout`)
+               state, # the rest of the state: its skeleton (`raw_layout`) as `skeleton_bytes` gives it
                rngs, # every rank's random states, as `rng_bytes` gives them
                info, # what the manifest says of it
                identity): # the run's (`run_identity`)
-        "Commit checkpoint `name` of run `identity`: the random states (`rngs`) and the rest of the state (`state.pkl`, with the sizes of the random states), then the manifest; the older one rotated"
-        ckpt,state,rngs = os.path.join(self.folder, name),pickle.dumps((skeleton, [len(r) for r in rngs]), protocol=2),b''.join(rngs)
+        "Commit checkpoint `name` of run `identity`: the random states (`rngs`) and the rest of the state (`state.pkl`), then the manifest (with the size of each rank's random states); the older one rotated"
+        ckpt,sizes,rngs = os.path.join(self.folder, name),[len(r) for r in rngs],b''.join(rngs)
         for f,data in (('rngs', rngs), ('state.pkl', state)): _write(f"{ckpt}/{f}", data)  # in a checkpoint with no manifest yet: nothing reads them
         files = dict(tensors=dict(size=os.stat(f"{ckpt}/tensors").st_size), rngs=dict(size=len(rngs)),
                      **{'state.pkl': dict(size=len(state), crc32=f"{zlib.crc32(state):08x}")})  # no checksum of the tensors' bytes
-        _replace(f"{ckpt}/manifest.json", json.dumps(manifest_of(files, **info, run=identity, layout='raw')).encode())  # from here it is complete
+        manifest = manifest_of(files, **info, run=identity, layout='raw', rng_sizes=sizes)
+        _replace(f"{ckpt}/manifest.json", json.dumps(manifest).encode())  # from here it is complete
         if self.complete not in (None, name): self.rotate_out(self.complete)
         self.complete = name
 
     def rotate_out(self, name):
-        "Remove checkpoint `name`, its manifest first; its `tensors` kept as the spare one, where there is none"
-        ckpt,spare = os.path.join(self.folder, name),os.path.join(self.folder, self.spare_name)
-        with suppress(OSError): os.unlink(os.path.join(ckpt, 'manifest.json'))
-        if not os.path.exists(spare):
-            with suppress(OSError): os.rename(os.path.join(ckpt, 'tensors'), spare)
-        for f in ('tensors', 'rngs', 'state.pkl'):
-            with suppress(OSError): os.unlink(os.path.join(ckpt, f))
-        try: os.rmdir(ckpt)
-        except OSError: shutil.rmtree(ckpt, ignore_errors=True)  # what another release wrote: no file in it is another's
+        "Take checkpoint `name` out, its manifest first: its folder becomes the spare one, unless there is one; else it is removed"
+        ckpt = os.path.join(self.folder, name)
+        with suppress(FileNotFoundError): os.unlink(os.path.join(ckpt, 'manifest.json'))
+        try: os.rename(ckpt, os.path.join(self.folder, self.spare_name))  # not onto a spare folder: it is not empty
+        except OSError: self.storage.remove(name)
 
     def latest_of(self, identity, # the run's (`run_identity`)
                   world_size=None): # the ranks of the run that resumes: one of another world size is another job's
@@ -188,9 +193,10 @@ class MemoryCheckpoints(StoredCheckpoints):
         return next(((n, m) for n,m in self.checkpoints() if ours(m) and self.why_incomplete(n, m) is None), (None, None))
 
     def prune(self, keep=None): # the checkpoint the fit resumed from
-        "As a fit starts, once resumed: remove every checkpoint but `keep` (another run's, another world size's, an incomplete one, an older one); the next commit rotates `keep` out"
-        for n in self.names():
-            if n != keep: self.rotate_out(n)
+        "As a fit starts, once resumed: remove everything but `keep` (another run's checkpoints, another world size's, incomplete ones, older ones, what killed writes or an earlier release left); the next commit rotates `keep` out"
+        if self.folder.is_dir():
+            for p in self.folder.iterdir():
+                if p.name not in (keep, 'run.json'): remove_tree(p) if p.is_dir() else p.unlink(missing_ok=True)
         self.complete = keep
 
     def write(self, job):
@@ -259,29 +265,34 @@ class RngHandoff:
     slots = 3  # keys a rank takes in turn: the one of three checkpoints ago is read by every writer (see below)
     def __init__(self, store, # the process group's store; None: one process alone
                  rank, world, # this rank, and the world size
-                 timeout=None): # seconds a writer waits for every rank's (default: `DDP_SAFE_TIMEOUT`)
-        self.store,self.rank,self.world = store,rank,world
+                 timeout=None, # seconds a writer waits for every rank's (default: `DDP_SAFE_TIMEOUT`)
+                 sole_writer=False): # this rank is the run's one writer: its own states stay in the process
+        self.store,self.rank,self.world,self.keeps_own = store,rank,world,store is None or sole_writer
         self.timeout,self.prefix,self.own,self.handed,self.count = distrib_timeout(timeout),f"{run_prefix()}/memory_rng",{},{},0  # {checkpoint: its slot}
         self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix='ddp_safe_rng') if self.store else None
         self.cpu,self.last = 0.,None  # CPU seconds of the hand-offs, in their thread; the last one's `Future`
 
     @classmethod
-    def of_this_process(cls, timeout=None):
-        "The hand-off of this process: its group's store, rank and world size"
+    def of_this_process(cls, writes=True, # does this rank write its node's memory checkpoints?
+                        timeout=None):
+        "The hand-off of this process: its group's store, rank and world size; on every rank at once (they learn who writes)"
         several = join_launched_group(timeout, 'CheckpointCallback memory checkpoints') and num_distrib() > 1
-        return cls(group_store() if several else None, rank_distrib(), world_size(), timeout)
+        if not several: return cls(None, rank_distrib(), world_size(), timeout)
+        writers = [r for r,w in enumerate(all_gather_object(writes, 'CheckpointCallback memory writers', timeout)) if w]
+        return cls(group_store(), rank_distrib(), world_size(), timeout, sole_writer=writers == [rank_distrib()])
 
     def key(self, slot, rank): return f"{self.prefix}/{rank}/{slot}"
 
     def hand(self, name): # the checkpoint (`checkpoint_name`)
         "On every rank, after the batch of checkpoint `name`: its random states go to the store in the background"
-        now = rng_now()
-        if self.store is None: self.own = {name: now}; return  # the writer took the last one before this batch ended
+        now = rng_now()  # turned into bytes off the training's path
+        if self.keeps_own: self.own = {name: now}  # the writer took the last one before this batch ended
+        if self.store is None: return
         if self.last is not None and self.last.done() and (e := self.last.exception()):  # asked, not waited for
             raise CheckpointError(f"CheckpointCallback memory checkpoint: rank {self.rank} could not hand its random states to the store: {describe(e)}")
         self.handed[name],self.count = self.count % self.slots,self.count + 1
         if len(self.handed) > self.slots: self.handed.pop(next(iter(self.handed)))  # the oldest: every writer has read it
-        self.last = self.thread.submit(self._set, self.handed[name], name, now)
+        if not self.keeps_own: self.last = self.thread.submit(self._set, self.handed[name], name, now)
 
     def _set(self, slot, name, now):
         start = time.thread_time()
@@ -290,14 +301,18 @@ class RngHandoff:
 
     def gather(self, name):
         "On a node's writer: every rank's random states of checkpoint `name`, once each has handed them; `CheckpointError` after the timeout"
-        if self.store is None: return [rng_bytes(self.own.pop(name))]
-        keys,tag = [self.key(self.handed[name], r) for r in range(self.world)],name.encode() + b'\n'
+        own = [rng_bytes(self.own[name])] if self.keeps_own else []
+        if self.store is None: return own
+        ranks = [r for r in range(self.world) if not (self.keeps_own and r == self.rank)]
+        keys,tag = [self.key(self.handed[name], r) for r in ranks],name.encode() + b'\n'
         deadline,pause = time.monotonic() + self.timeout,0.0005
         while True:  # asked, not waited on: the training's own requests to the store go between
             values = self.store.multi_get(keys) if self.count > self.slots or self.store.check(keys) else None  # each slot set once: read at once
-            if values and all(v.startswith(tag) for v in values): return [v[len(tag):] for v in values]
+            if values and all(v.startswith(tag) for v in values):
+                values = [v[len(tag):] for v in values]
+                return values[:self.rank] + own + values[self.rank:] if own else values
             if time.monotonic() > deadline:
-                late = [r for r,k in enumerate(keys) if not (self.store.check([k]) and self.store.get(k).startswith(tag))]
+                late = [r for r,k in zip(ranks, keys) if not (self.store.check([k]) and self.store.get(k).startswith(tag))]
                 raise CheckpointError(f"rank(s) {late} did not hand their random states within {self.timeout:g}s")
             time.sleep(pause); pause = min(2*pause, 0.02)
 
@@ -310,7 +325,7 @@ def read_memory_checkpoint(ckpt, # a memory checkpoint's folder, on this node or
                            device='cpu', # where the tensors other than the weights go
                            what='resume'): # the operation, for messages
     "On every rank: (the training state, this rank's random states) of memory checkpoint `ckpt`, its tensors mapped: the weights views of the file (the model's `load_state_dict` copies them), the rest copied to `device`"
-    skeleton,sizes = read_on_all(ckpt/'state.pkl', lambda f: weights_only_loads(_bytes_of(f)), what)
+    skeleton,sizes = read_on_all(ckpt/'state.pkl', lambda f: weights_only_loads(_bytes_of(f)), what),manifest['rng_sizes']
     nbytes = manifest['files']['tensors']['size']
     mapped = lambda f: TensorFile(f, nbytes, shared=False).bytes if isinstance(f, Path) else _uint8(f.read())
     state = raw_views(skeleton, read_on_all(ckpt/'tensors', mapped, what))
@@ -343,7 +358,7 @@ class MemoryTier:
                  async_save=True): # write in the memory writer's thread, else in the training thread
         store_attr()
         self.memory,self.writes = MemoryCheckpoints(durable, memory_dir),local_rank_distrib() == 0  # on every rank: where a resume reads
-        self.rngs = RngHandoff.of_this_process()
+        self.rngs,self.packed_tuples = RngHandoff.of_this_process(self.writes),{}  # the tuples the last layout packed
         self.on,self.identity,self.writing,self.staged = True,None,None,None
         self.cpu,self.saves,self.committed = dict(training=0., writer=0.),0,0  # CPU seconds in the training's thread and the writer's; checkpoints taken, and committed here
 
@@ -362,23 +377,31 @@ class MemoryTier:
 
     def _stage(self, name, state, info, later):
         "Copy `state` into a mapped file of checkpoint `name`: at once, but the tensors in `later` (in the writer's thread, before the next step); then commit it"
-        skeleton,pairs,nbytes = raw_layout(state)
+        skeleton,pairs,nbytes = raw_layout(state, self.packed_tuples)
+        skeleton = skeleton_bytes(skeleton)  # while it is in the cache
         try: mapped = self.memory.begin(name, nbytes)
         except Exception as e: return self._stop(e)
-        mapped.copy_in([(t,e) for t,e in pairs if t.data_ptr() not in later])
-        deferred = [(t,e) for t,e in pairs if t.data_ptr() in later]
-        job = partial(self._commit, name, skeleton, info)
-        if not self.async_save: mapped.copy_in(deferred); return self._take(job)
-        self.staged = StagedState(None, self.memory.write(partial(self._timed, mapped.copy_in, deferred)))  # before the next step
-        self.writing = SaveHandle(self.memory.folder/name).outcome_of(self.memory.write(partial(self._timed, job)))
+        now,deferred = [],[]
+        for pair in pairs: (deferred if pair[0].data_ptr() in later else now).append(pair)
+        mapped.copy_in(now)
+        commit = partial(self._commit, name, skeleton, info)
+        if not self.async_save: mapped.copy_in(deferred); return self._take(commit)
+        staged = Future()
+        self.staged = StagedState(None, staged)
+        self.writing = SaveHandle(self.memory.folder/name).outcome_of(self.memory.write(partial(self._write_behind, mapped, deferred, staged, commit)))
 
-    def _timed(self, job, *args):
-        "`job(*args)` in the writer's thread, its CPU time counted"
+    def _write_behind(self, mapped, deferred, staged, commit):
+        "In the writer's thread, its CPU time counted: copy the tensors of `deferred` (then `staged` is done: the next step may change them), then `commit()`"
         start = time.thread_time()
-        try: return job(*args)
+        try:
+            try: mapped.copy_in(deferred)
+            except BaseException as e: staged.set_exception(e); raise
+            staged.set_result(None)
+            return commit()
         finally: self.cpu['writer'] += time.thread_time() - start
 
-    def _commit(self, name, skeleton, info):
+    def _commit(self, name, skeleton, # `skeleton_bytes`'
+                info):
         "Commit checkpoint `name` once every rank's random states are here; `CheckpointError` if it cannot be"
         try: self.memory.commit(name, skeleton, self.rngs.gather(name), info, self.identity)
         except Exception as e: raise CheckpointError(f"{self.memory.folder}/{name}: {describe(e)}") from e
@@ -396,6 +419,7 @@ class MemoryTier:
 
     def _stop(self, e):
         "This node's writer stops writing memory checkpoints, and says why, once: the other nodes' go on, and every rank's training"
+        if not self.on: return  # said
         self.on = False
         print(f"CheckpointCallback: no more memory checkpoints on {socket.gethostname()} (rank {rank_distrib()}) in this fit: "
               f"{describe(e) if not isinstance(e, CheckpointError) else e}; the training goes on", flush=True)

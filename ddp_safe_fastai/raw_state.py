@@ -67,26 +67,36 @@ def _rebuilt(o, items):
 # %% ../nbs/23_raw_state.ipynb #a82a7a75
 _align = 64
 
-def raw_layout(obj): # a state: tensors, alone or in dicts, lists and tuples
+_dtype_names = {}  # {torch dtype: its name in `torch`}
+
+def raw_layout(obj, # a state: tensors, alone or in dicts, lists and tuples
+               packed_tuples=None): # {id: (tuple, its `_packed`)} the caller keeps from one layout to the next: a tuple laid before is not packed again (it cannot change); updated to this layout's
     "(`obj` with each tensor, and each long list or tuple of numbers, replaced by its place, [(tensor, `RawTensor`)], the bytes of the file that holds them)"
-    pairs,end = [],0
+    pairs,end,before = [],0,packed_tuples or {}
+    tuples = {}
     def place(t):
         nonlocal end
         at = -(-end // _align) * _align
-        e = RawTensor(at, str(t.dtype).removeprefix('torch.'), tuple(t.shape))
-        end = at + e.nbytes
+        name = _dtype_names.get(t.dtype) or _dtype_names.setdefault(t.dtype, str(t.dtype).removeprefix('torch.'))
+        e = RawTensor(at, name, tuple(t.shape))
+        end = at + t.element_size() * t.numel()
         pairs.append((t, e))
         return e
     def lay(o):
         if isinstance(o, torch.Tensor): return _place(place(o))
         if isinstance(o, dict): return type(o)((k, lay(v)) for k,v in o.items())
         if isinstance(o, (list, tuple)):
-            if (packed := _packed(o)) is not None:
+            if type(o) is tuple:
+                packed = before[id(o)][1] if id(o) in before else _packed(o)
+                if packed is not None: tuples[id(o)] = o,packed
+            else: packed = _packed(o)
+            if packed is not None:
                 t,numpy = packed
                 return _place(place(t), ('numpy ' if numpy else '') + ('tuple' if isinstance(o, tuple) else 'list'))
             return _rebuilt(o, [lay(v) for v in o])
         return o
     skeleton = lay(obj)
+    if packed_tuples is not None: packed_tuples.clear(); packed_tuples.update(tuples)
     return skeleton, pairs, end
 
 # %% ../nbs/23_raw_state.ipynb #c2183b1c
@@ -102,16 +112,22 @@ class TensorFile:
                 if nbytes: os.posix_fallocate(fd, 0, nbytes)
             finally: os.close(fd)
         self.bytes = torch.from_file(str(self.path), shared, nbytes, dtype=torch.uint8) if nbytes else torch.empty(0, dtype=torch.uint8)
+        self.views = {}  # {`RawTensor`: its view}: a mapping used again is often laid out the same
 
     def __repr__(self): return f"{type(self).__name__}({str(self.path)!r}, {self.nbytes})"
 
     def view(self, e): # a `RawTensor`
         "The tensor `e` describes, a view of the mapping"
-        return tensor_view(self.bytes, e)
+        v = self.views.get(e)
+        if v is None:
+            if len(self.views) > 1024: self.views.clear()  # laid out another way many times: the Recorder's lists grow
+            v = self.views[e] = tensor_view(self.bytes, e)
+        return v
 
     def copy_in(self, pairs): # [(tensor, `RawTensor`)], as `raw_layout` gives them
-        "Copy each tensor into its place in the file"
-        for t,e in pairs: self.view(e).copy_(t.detach())
+        "Copy each tensor into its place in the file (one call into torch for them all)"
+        if not pairs: return
+        with torch.no_grad(): torch._foreach_copy_([self.view(e) for _,e in pairs], [t for t,_ in pairs])
 
 # %% ../nbs/23_raw_state.ipynb #13af3fc9
 def tensor_view(buf, # the bytes of a raw file: a `torch.uint8` tensor

@@ -142,7 +142,7 @@ class RecordedFloats:
     def _update(self, values, name):
         of,done,buf,n = self.seen.get(name, (None, [], None, 0))
         if values is not of or len(values) < len(done): of,done,buf,n = values,[],None,0
-        done.extend(map(self.kinds[name], values[len(done):]))
+        with torch._C.DisableTorchFunctionSubclass(): done.extend(map(self.kinds[name], values[len(done):]))  # a loss is fastai's `TensorBase`: no Python dispatch per value
         self.seen[name] = of,done,buf,n
         return done
 
@@ -176,14 +176,15 @@ def capture_state(learn:Learner, # the Learner, after a training batch or an epo
     "The training state of `learn`, as the versioned dictionary `FORMAT` describes"
     rec,recorded = learn.recorder,losses or RecordedFloats()
     listed = recorded.tensor if packed else recorded
+    callbacks = [(type(cb).__name__, st) for cb in learn.cbs.sorted('order') if (st := callback_state(cb)) is not None]  # `_stateful_callbacks`'
     return dict(format=FORMAT, model=model_state(learn.model, learn.opt, True), fit=fit, stopped=stopped,
                 epoch=learn.epoch if done else learn.epoch+1, iter=learn.iter+1 if done else 0, done=done or [],
                 pct_train=learn.pct_train, train_iter=learn.train_iter, epoch_dl_rng=epoch_dl_rng,
-                dl_rng=[dl.rng.getstate() for dl in inner_dls(learn)],
+                dl_rng=[] if done else [dl.rng.getstate() for dl in inner_dls(learn)],  # inside an epoch, its start's (`epoch_dl_rng`) and `done` give them
                 train_mets=[{k: getattr(m, k) for k in _metric_attrs if hasattr(m, k)} for m in rec._train_mets[1:]],
                 values=[list(v) for v in rec.values], losses=listed(rec.losses, 'losses'), lrs=listed(rec.lrs, 'lrs'),
                 iters=listed(rec.iters, 'iters'), smooth_count=rec.smooth_loss.count, smooth_loss=float(rec.smooth_loss.val),
-                callbacks=[(type(cb).__name__, callback_state(cb)) for cb in _stateful_callbacks(learn)])
+                callbacks=callbacks)
 
 # %% ../nbs/22_train_state.ipynb #e77fd1bc
 def checkpoint_files(state, # `capture_state`'s

@@ -1,7 +1,9 @@
 """A user's training script with memory checkpoints: dropout, random noise on the inputs, one-cycle, a durable checkpoint
 every epoch. torchrun ... ROOT MEMORY_EVERY [EPOCHS]. KILL_AT=N KILL_RANK=R: in torchrun's first attempt, rank R is
 SIGKILLed as training batch N starts (KILL_RANK=all: every rank, once the last epoch's checkpoint is written). MEMORY_DIR: the tmpfs. Each rank logs the training batches it starts
-(`batches<rank>.txt`: attempt, batch, time). WIDTH=W: the hidden layer's width (default 32). ASYNC=0: `async_save=False`"""
+(`batches<rank>.txt`: attempt, batch, time). WIDTH=W: the hidden layer's width (default 32). ASYNC=0: `async_save=False`.
+COPY=1: after the fit, time one copy of the state into memory already there, its cache flushed. COPY_EACH=1: rank 0 times
+one copy of the state into memory already there after every training batch, as a memory checkpoint would take it"""
 import time; started = time.time()  # the worker's start: torchrun's restart ends here
 import os, sys, json, signal, hashlib, resource, threading, statistics
 from pathlib import Path
@@ -51,15 +53,31 @@ width = int(os.environ.get('WIDTH', 32))
 learn.model = nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Dropout(0.3), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)) if width > 32 else \
               nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
 ckpt = CheckpointCallback(memory_every_iters=every or None, async_save=os.environ.get('ASYNC', '1') != '0', memory_dir=os.environ.get('MEMORY_DIR'))
-peak,ready = resident(),Ready()
+def state_tensors():
+    "The tensors a memory checkpoint copies, but the small ones: the weights and the optimizer's state"
+    return [p.detach() for p in learn.model.state_dict().values()] + [t for st in learn.opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+
+class CopyEach(Callback):
+    "On rank 0, after every training batch: one copy of the state into memory already there, its CPU time"
+    order = CheckpointCallback.order + 1
+    def __init__(self): self.ms,self.dest = [],None
+    def after_batch(self):
+        if not self.training or rank_distrib() != 0: return
+        state = state_tensors()
+        if self.dest is None: self.dest = [torch.empty_like(x) for x in state]
+        start = time.thread_time()
+        for d,x in zip(self.dest, state): d.copy_(x)
+        self.ms.append(1000*(time.thread_time() - start))
+
+peak,ready,copies = resident(),Ready(),CopyEach()
 t,cpu = time.monotonic(),time.process_time()
-with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 0.02, cbs=[ckpt, Noise(), LogAndKill(), ready])
+with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 0.02, cbs=[ckpt, Noise(), LogAndKill(), ready, *([copies] if os.environ.get('COPY_EACH') else [])])
 t,cpu = time.monotonic()-t,time.process_time()-cpu
 (root/f"times{rank_distrib()}_{attempt}.json").write_text(json.dumps(dict(started=started, imported=imported, ready=ready.at, **ckpt.resume_seconds)))
 
 def one_copy_ms():
     "A copy of the state's tensors into memory already there, its cache flushed first, as a memory checkpoint's is: the median of 20"
-    state = [p.detach() for p in learn.model.state_dict().values()] + [t for st in learn.opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
+    state = state_tensors()
     dest,flush,times = [torch.empty_like(x) for x in state],torch.ones(2**26),[]
     for _ in range(20):
         flush.add_(1); start = time.thread_time()
@@ -69,4 +87,4 @@ def one_copy_ms():
 sha = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
 (root/f"result{rank_distrib()}.json").write_text(json.dumps(dict(sha=sha, resumed_from=ckpt.resumed_from, tier=ckpt.resumed_tier, seconds=t, cpu=cpu,
     maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024, private_peak_mb=peak['private'], memory_cost=ckpt.memory_cost,
-    copy_ms=one_copy_ms() if os.environ.get('COPY') else None)))
+    copy_ms=one_copy_ms() if os.environ.get('COPY') else None, copy_each_ms=statistics.median(copies.ms) if copies.ms else None)))
