@@ -12,9 +12,10 @@ from contextlib import suppress
 from pathlib import Path
 import numpy as np, torch
 from fastcore.basics import *
-from .errors import CheckpointError, describe
+from .errors import CheckpointError, describe, raise_failures
 from .ranks import distrib_timeout, num_distrib, rank_distrib, run_prefix
-from .rendezvous import all_gather_object, group_store, join_launched_group, local_rank_distrib
+from .rendezvous import group_store, join_launched_group, local_rank_distrib
+from .core import exchange
 from .locations import is_url
 from .files import atomic_write
 from .written import remove_tree
@@ -273,13 +274,10 @@ class RngHandoff:
         self.cpu,self.last = 0.,None  # CPU seconds of the hand-offs, in their thread; the last one's `Future`
 
     @classmethod
-    def of_this_process(cls, writes=True, # does this rank write its node's memory checkpoints?
-                        timeout=None):
-        "The hand-off of this process: its group's store, rank and world size; on every rank at once (they learn who writes)"
+    def of_this_process(cls, sole_writer=False, timeout=None):
+        "The hand-off of this process: its group's store, rank and world size"
         several = join_launched_group(timeout, 'CheckpointCallback memory checkpoints') and num_distrib() > 1
-        if not several: return cls(None, rank_distrib(), world_size(), timeout)
-        writers = [r for r,w in enumerate(all_gather_object(writes, 'CheckpointCallback memory writers', timeout)) if w]
-        return cls(group_store(), rank_distrib(), world_size(), timeout, sole_writer=writers == [rank_distrib()])
+        return cls(group_store() if several else None, rank_distrib(), world_size(), timeout, sole_writer)
 
     def key(self, slot, rank): return f"{self.prefix}/{rank}/{slot}"
 
@@ -357,8 +355,13 @@ class MemoryTier:
                  memory_dir=None, # the tmpfs (default `/dev/shm`)
                  async_save=True): # write in the memory writer's thread, else in the training thread
         store_attr()
-        self.memory,self.writes = MemoryCheckpoints(durable, memory_dir),local_rank_distrib() == 0  # on every rank: where a resume reads
-        self.rngs,self.packed_tuples = RngHandoff.of_this_process(self.writes),{}  # the tuples the last layout packed
+        self.writes = local_rank_distrib() == 0
+        try: self.memory,failure = MemoryCheckpoints(durable, memory_dir),None  # on every rank: where a resume reads
+        except CheckpointError as e: failure = str(e)
+        answers = exchange((self.writes, failure), 'CheckpointCallback memory checkpoints')  # the ranks learn who writes
+        raise_failures([f for _,f in answers], 'CheckpointCallback memory checkpoints')  # on every rank
+        self.rngs = RngHandoff.of_this_process(sole_writer=[r for r,(w,_) in enumerate(answers) if w] == [rank_distrib()])
+        self.packed_tuples = {}  # the tuples the last layout packed
         self.on,self.identity,self.writing,self.staged = True,None,None,None
         self.cpu,self.saves,self.committed = dict(training=0., writer=0.),0,0  # CPU seconds in the training's thread and the writer's; checkpoints taken, and committed here
 

@@ -1,6 +1,6 @@
 """A user's training script with memory checkpoints: dropout, random noise on the inputs, one-cycle, a durable checkpoint
 every epoch. torchrun ... ROOT MEMORY_EVERY [EPOCHS]. KILL_AT=N KILL_RANK=R: in torchrun's first attempt, rank R is
-SIGKILLed as training batch N starts (KILL_RANK=all: every rank, once the last epoch's checkpoint is written). MEMORY_DIR: the tmpfs. Each rank logs the training batches it starts
+SIGKILLed as training batch N starts (KILL_RANK=all: every rank, once the last epoch's checkpoint is written). MEMORY_DIR: the tmpfs (MEMORY_DIR_<rank>: that rank's). Each rank logs the training batches it starts
 (`batches<rank>.txt`: attempt, batch, time). WIDTH=W: the hidden layer's width (default 32). ASYNC=0: `async_save=False`.
 COPY=1: after the fit, time one copy of the state into memory already there, its cache flushed. COPY_EACH=1: rank 0 times
 one copy of the state into memory already there after every training batch, as a memory checkpoint would take it"""
@@ -52,7 +52,7 @@ learn = synth_learner(n=512, path=root, seed=4)
 width = int(os.environ.get('WIDTH', 32))
 learn.model = nn.Sequential(nn.Linear(4, width), nn.ReLU(), nn.Dropout(0.3), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 1)) if width > 32 else \
               nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 1))
-ckpt = CheckpointCallback(memory_every_iters=every or None, async_save=os.environ.get('ASYNC', '1') != '0', memory_dir=os.environ.get('MEMORY_DIR'))
+ckpt = CheckpointCallback(memory_every_iters=every or None, async_save=os.environ.get('ASYNC', '1') != '0', memory_dir=os.environ.get(f"MEMORY_DIR_{os.environ.get('RANK')}", os.environ.get('MEMORY_DIR')))
 def state_tensors():
     "The tensors a memory checkpoint copies, but the small ones: the weights and the optimizer's state"
     return [p.detach() for p in learn.model.state_dict().values()] + [t for st in learn.opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]

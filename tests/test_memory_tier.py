@@ -139,6 +139,17 @@ def test_memory_of_runs_gone_is_listed_and_removed(killed):
     assert not memory(root).exists()
 
 @needs_mounts
+def test_a_bad_memory_dir_on_one_rank_is_said_on_every_rank(tmp_path):
+    """Rank 1's `memory_dir` holds a folder of the library's name that is not its user's alone (mode 0777): both ranks
+    raise the same error, which names the folder and the rank, as the fit starts; none waits for the other"""
+    root,bad = tmp_path/'run',tmp_path/'shm'
+    (bad/f"ddp_safe_fastai-{os.getuid()}").mkdir(parents=True); os.chmod(bad/f"ddp_safe_fastai-{os.getuid()}", 0o777)
+    assert torchrun(root, EVERY, timeout=180, MEMORY_DIR_1=str(bad), DDP_SAFE_TIMEOUT='900') != 0  # a rank left waiting: killed after 180 s, and the test fails
+    said = f"CheckpointCallback memory checkpoints: failed on rank(s) [1]: memory checkpoints in {bad}/ddp_safe_fastai-{os.getuid()}: it belongs to uid"
+    assert {l.split(']')[0] + ']' for l in log(root).splitlines() if said in l and 'yours alone' in l} == {'[rank0]', '[rank1]'}, log(root)[-3000:]
+    assert all(f.read_text() == '' for f in root.glob('batches*.txt'))  # no batch trained
+    assert (bad/f"ddp_safe_fastai-{os.getuid()}").is_dir()  # nothing of it removed
+
 def test_a_node_without_room_says_so_once(tmp_path):
     """A tmpfs of 256 KiB for a state of 3 MiB: the node's writer says so once, at the first memory checkpoint, and
     writes no more; the training and its durable checkpoints go on"""
