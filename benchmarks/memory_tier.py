@@ -83,7 +83,7 @@ if __name__ == '__main__':
             full = results(Path(d)/'full')[0]['sha']
         trials = [kill_trial(d, i, rng, full) for i in range(a.kills)]
         names = ['restart', 'imports', 'group', 'agreement', 'read', 'rest']
-        if trials: print("| rank | batch | redone | durable alone | s to training | " + ' | '.join(names) + " | tier | same | left |\n|" + "---|"*(11+len(names)-5))
+        if trials: print("| rank | batch | redone | durable alone | s to training | " + ' | '.join(names) + " | tier | same | left |\n|" + "---|"*(8+len(names)))
         for t in trials: print(f"| {t['victim']} | {t['kill_at']} | {t['redone']} | {t['durable_alone']} | {t['seconds']:.2f} | " +
                                ' | '.join(f"{t['parts'][n]:.3f}" for n in names) + f" | {t['tier']} | {t['same']} | {t['left_in_memory']} |")
         if trials:

@@ -67,8 +67,6 @@ def _rebuilt(o, items):
 # %% ../nbs/23_raw_state.ipynb #a82a7a75
 _align = 64
 
-_dtype_names = {}  # {torch dtype: its name in `torch`}
-
 def raw_layout(obj, # a state: tensors, alone or in dicts, lists and tuples
                packed_tuples=None): # {id: (tuple, its `_packed`)} the caller keeps from one layout to the next: a tuple laid before is not packed again (it cannot change); updated to this layout's
     "(`obj` with each tensor, and each long list or tuple of numbers, replaced by its place, [(tensor, `RawTensor`)], the bytes of the file that holds them)"
@@ -77,8 +75,7 @@ def raw_layout(obj, # a state: tensors, alone or in dicts, lists and tuples
     def place(t):
         nonlocal end
         at = -(-end // _align) * _align
-        name = _dtype_names.get(t.dtype) or _dtype_names.setdefault(t.dtype, str(t.dtype).removeprefix('torch.'))
-        e = RawTensor(at, name, tuple(t.shape))
+        e = RawTensor(at, str(t.dtype).removeprefix('torch.'), tuple(t.shape))
         end = at + t.element_size() * t.numel()
         pairs.append((t, e))
         return e
