@@ -112,9 +112,10 @@ class MemoryStorage(LocalStorage):
     "A `LocalStorage` in a tmpfs, without syncs; its `latest` is not noted as this process's: the next writer is often a restarted process. A checkpoint counts only in the raw layout (`MemoryCheckpoints.commit`)"
     def __init__(self, root): super().__init__(root, durable=False, note_latest=False)
     def why_incomplete(self, name, manifest):
-        if manifest is not None and (manifest.get('layout') != 'raw' or 'rng_sizes' not in manifest): return "not in the raw layout: an earlier release wrote it"
-        if manifest is not None and sum(manifest['rng_sizes']) != manifest.get('files', {}).get('rngs', {}).get('size'):
-            return "the sizes of its random states do not add up to its rngs file: its manifest is damaged"
+        if manifest is not None:
+            if manifest.get('layout') != 'raw' or 'rng_sizes' not in manifest: return "not in the raw layout: an earlier release wrote it"
+            if sum(manifest['rng_sizes']) != manifest.get('files', {}).get('rngs', {}).get('size'):
+                return "the sizes of its random states do not add up to its rngs file: its manifest is damaged"
         return super().why_incomplete(name, manifest)
 
 # %% ../nbs/34_memory_tier.ipynb #a1786456

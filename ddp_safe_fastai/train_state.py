@@ -110,9 +110,13 @@ def load_callback_state(cb, state):
         else: setattr(cb, k, Path(v) if k == 'saved_in_fit' else v)
 
 # %% ../nbs/22_train_state.ipynb #d487ed1e
+def _callback_states(learn):
+    "(callback, its state) for each callback of `learn` that has a state to carry, in the order they run"
+    return [(cb, st) for cb in learn.cbs.sorted('order') if (st := callback_state(cb)) is not None]
+
 def _stateful_callbacks(learn):
     "The callbacks of `learn` that have a state to carry, in the order they run"
-    return [cb for cb in learn.cbs.sorted('order') if callback_state(cb) is not None]
+    return [cb for cb,_ in _callback_states(learn)]
 
 # %% ../nbs/22_train_state.ipynb #469078c9
 def unwrapped(dl):
@@ -176,7 +180,6 @@ def capture_state(learn:Learner, # the Learner, after a training batch or an epo
     "The training state of `learn`, as the versioned dictionary `FORMAT` describes"
     rec,recorded = learn.recorder,losses or RecordedFloats()
     listed = recorded.tensor if packed else recorded
-    callbacks = [(type(cb).__name__, st) for cb in learn.cbs.sorted('order') if (st := callback_state(cb)) is not None]  # `_stateful_callbacks`'
     return dict(format=FORMAT, model=model_state(learn.model, learn.opt, True), fit=fit, stopped=stopped,
                 epoch=learn.epoch if done else learn.epoch+1, iter=learn.iter+1 if done else 0, done=done or [],
                 pct_train=learn.pct_train, train_iter=learn.train_iter, epoch_dl_rng=epoch_dl_rng,
@@ -184,7 +187,7 @@ def capture_state(learn:Learner, # the Learner, after a training batch or an epo
                 train_mets=[{k: getattr(m, k) for k in _metric_attrs if hasattr(m, k)} for m in rec._train_mets[1:]],
                 values=[list(v) for v in rec.values], losses=listed(rec.losses, 'losses'), lrs=listed(rec.lrs, 'lrs'),
                 iters=listed(rec.iters, 'iters'), smooth_count=rec.smooth_loss.count, smooth_loss=float(rec.smooth_loss.val),
-                callbacks=callbacks)
+                callbacks=[(type(cb).__name__, st) for cb,st in _callback_states(learn)])
 
 # %% ../nbs/22_train_state.ipynb #e77fd1bc
 def checkpoint_files(state, # `capture_state`'s

@@ -57,6 +57,12 @@ def state_tensors():
     "The tensors a memory checkpoint copies, but the small ones: the weights and the optimizer's state"
     return [p.detach() for p in learn.model.state_dict().values()] + [t for st in learn.opt.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
 
+def copy_ms(dest, state):
+    "CPU milliseconds of one copy of the tensors `state` into `dest`, memory already there"
+    start = time.thread_time()
+    for d,x in zip(dest, state): d.copy_(x)
+    return 1000*(time.thread_time() - start)
+
 class CopyEach(Callback):
     "On rank 0, after every training batch: one copy of the state into memory already there, its CPU time"
     order = CheckpointCallback.order + 1
@@ -65,9 +71,7 @@ class CopyEach(Callback):
         if not self.training or rank_distrib() != 0: return
         state = state_tensors()
         if self.dest is None: self.dest = [torch.empty_like(x) for x in state]
-        start = time.thread_time()
-        for d,x in zip(self.dest, state): d.copy_(x)
-        self.ms.append(1000*(time.thread_time() - start))
+        self.ms.append(copy_ms(self.dest, state))
 
 peak,ready,copies = resident(),Ready(),CopyEach()
 t,cpu = time.monotonic(),time.process_time()
@@ -79,10 +83,7 @@ def one_copy_ms():
     "A copy of the state's tensors into memory already there, its cache flushed first, as a memory checkpoint's is: the median of 20"
     state = state_tensors()
     dest,flush,times = [torch.empty_like(x) for x in state],torch.ones(2**26),[]
-    for _ in range(20):
-        flush.add_(1); start = time.thread_time()
-        for d,x in zip(dest, state): d.copy_(x)
-        times.append(1000*(time.thread_time() - start))
+    for _ in range(20): flush.add_(1); times.append(copy_ms(dest, state))
     return statistics.median(times)
 sha = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
 (root/f"result{rank_distrib()}.json").write_text(json.dumps(dict(sha=sha, resumed_from=ckpt.resumed_from, tier=ckpt.resumed_tier, seconds=t, cpu=cpu,

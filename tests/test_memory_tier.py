@@ -138,7 +138,6 @@ def test_memory_of_runs_gone_is_listed_and_removed(killed):
     assert f"{memory(root)}: {(root/'models/ckpt').absolute()}, epoch_0001_iter_000008" in check('memory', '--remove')
     assert not memory(root).exists()
 
-@needs_mounts
 def test_a_bad_memory_dir_on_one_rank_is_said_on_every_rank(tmp_path):
     """Rank 1's `memory_dir` holds a folder of the library's name that is not its user's alone (mode 0777): both ranks
     raise the same error, which names the folder and the rank, as the fit starts; none waits for the other"""
@@ -150,6 +149,7 @@ def test_a_bad_memory_dir_on_one_rank_is_said_on_every_rank(tmp_path):
     assert all(f.read_text() == '' for f in root.glob('batches*.txt'))  # no batch trained
     assert (bad/f"ddp_safe_fastai-{os.getuid()}").is_dir()  # nothing of it removed
 
+@needs_mounts
 def test_a_node_without_room_says_so_once(tmp_path):
     """A tmpfs of 256 KiB for a state of 3 MiB: the node's writer says so once, at the first memory checkpoint, and
     writes no more; the training and its durable checkpoints go on"""
