@@ -9,7 +9,9 @@
   run is left in memory; beside it, what the durable checkpoints alone would redo (every batch since the epoch's start);
 - the cost, in one run: fits of 12 epochs (384 batches a rank) of a wider model (`--width`, default 1024: 12 MiB of
   weights and optimizer state) with `memory_every_iters` 1, 10 and 100, without, and without but with one copy of the
-  state after every batch ("one copy"), interleaved: the fit's time against the plain one's, and rank 0's CPU time
+  state after every batch ("one copy"), and without but with the least a memory checkpoint after every batch does
+  ("least": `LeastCheckpoint` in `tests/memory_script.py`, the tier's work without its layout, checks, manifest and
+  rotation), interleaved: the fit's time against the plain one's, and rank 0's CPU time
   against the plain fit's; on rank 0 (a node's writer), the CPU of each memory checkpoint in every thread of the tier
   (`CheckpointCallback.memory_cost`) against one copy of the same tensors into memory already there. That copy is taken
   where a checkpoint takes its state, after each batch of the "one copy" fit (the median); beside it, as it was measured
@@ -46,12 +48,14 @@ def kill_trial(d, i, rng, full, every=5):
                 left_in_memory=memory(root).exists())
 
 def cost(d, repeats, width):
-    arms = {'plain': 0, 'one copy': 0, 'N=100': 100, 'N=10': 10, 'N=1': 1}
+    arms = {'plain': 0, 'one copy': 0, 'least': 0, 'N=100': 100, 'N=10': 10, 'N=1': 1}
+    saves = lambda a: arms[a] or a == 'least'  # the arms that checkpoint into memory
     out = {a: [] for a in arms}
     for r in range(repeats):
         for a,n in arms.items():
             root = Path(d)/f"cost_{a.replace(' ', '_')}_{r}"
-            assert torchrun(root, n, epochs=COST_EPOCHS, timeout=900, WIDTH=str(width), COPY='1' if n else '', COPY_EACH='1' if a == 'one copy' else '') == 0
+            assert torchrun(root, n, epochs=COST_EPOCHS, timeout=900, WIDTH=str(width), COPY='1' if saves(a) else '',
+                            COPY_EACH='1' if a == 'one copy' else '', LEAST='1' if a == 'least' else '') == 0
             out[a].append(results(root)[0])
     med = lambda a, f: statistics.median(f(x) for x in out[a])
     copy_ms = med('one copy', lambda x: x['copy_each_ms'])  # one copy of the state, where a checkpoint takes it
@@ -61,7 +65,7 @@ def cost(d, repeats, width):
                        cpu_ratio=med(a, lambda x: x['cpu'])/med('plain', lambda x: x['cpu']),  # rank 0's CPU seconds: the fit's work, without what the machine's neighbours take
                        peak_rss_mb=med(a, lambda x: x['maxrss_mb']), peak_private_mb=med(a, lambda x: x['private_peak_mb']),
                        fits=[(round(x['seconds'], 3), round(x['cpu'], 3)) for x in out[a]])  # each fit's seconds and rank 0's CPU seconds, in the order run
-        if n:
+        if saves(a):
             c = lambda x: x['memory_cost']
             rows[a].update(checkpoints=med(a, lambda x: c(x)['checkpoints']), cpu_ms_per_checkpoint=med(a, lambda x: c(x)['training_ms'] + c(x)['writer_ms'] + c(x)['handoff_ms']),
                            training_ms=med(a, lambda x: c(x)['training_ms']), writer_ms=med(a, lambda x: c(x)['writer_ms']), handoff_ms=med(a, lambda x: c(x)['handoff_ms']),

@@ -3,15 +3,20 @@ every epoch. torchrun ... ROOT MEMORY_EVERY [EPOCHS]. KILL_AT=N KILL_RANK=R: in 
 SIGKILLed as training batch N starts (KILL_RANK=all: every rank, once the last epoch's checkpoint is written). MEMORY_DIR: the tmpfs (MEMORY_DIR_<rank>: that rank's). Each rank logs the training batches it starts
 (`batches<rank>.txt`: attempt, batch, time). WIDTH=W: the hidden layer's width (default 32). ASYNC=0: `async_save=False`.
 COPY=1: after the fit, time one copy of the state into memory already there, its cache flushed. COPY_EACH=1: rank 0 times
-one copy of the state into memory already there after every training batch, as a memory checkpoint would take it"""
+one copy of the state into memory already there after every training batch, as a memory checkpoint would take it.
+LEAST=1 (with MEMORY_EVERY 0): after every training batch, the least a memory checkpoint does (`LeastCheckpoint`)"""
 import time; started = time.time()  # the worker's start: torchrun's restart ends here
-import os, sys, json, signal, hashlib, resource, threading, statistics
+import os, sys, json, signal, hashlib, resource, threading, statistics, pickle, tempfile, shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import torch
 from fastai.basics import *
 from fastai.callback.schedule import *
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.testing import synth_learner
+from ddp_safe_fastai.memory_tier import RngHandoff
+from ddp_safe_fastai.raw_state import TensorFile
+from ddp_safe_fastai.train_state import RecordedFloats, _callback_states
 
 attempt = int(os.environ.get('TORCHELASTIC_RESTART_COUNT', 0))
 imported = time.time()
@@ -73,9 +78,70 @@ class CopyEach(Callback):
         if self.dest is None: self.dest = [torch.empty_like(x) for x in state]
         self.ms.append(copy_ms(self.dest, state))
 
-peak,ready,copies = resident(),Ready(),CopyEach()
+class LeastCheckpoint(Callback):
+    """The least a memory checkpoint after each training batch does, its CPU time on rank 0 (the writer) as `memory_cost` counts it:
+    every rank hands its random states (`RngHandoff`); rank 0 copies the tensors into one of two mapped files, laid out
+    once (the state is not laid out again, nor checked to be laid out the same), puts the Recorder's lists and the pickled
+    rest of the state after them, and in a thread of its own gathers the random states and writes a header. No manifest,
+    no rotation, no run identity, no checks: what it leaves is not a checkpoint anyone reads"""
+    order = CheckpointCallback.order + 1
+    def before_fit(self):
+        self.writes = rank_distrib() == 0
+        self.rngs = RngHandoff.of_this_process(sole_writer=self.writes)
+        self.recorded,self.files,self.pending,self.n = RecordedFloats(),None,None,0
+        self.cpu = dict(training=0., writer=0.)
+        if self.writes: self.writer,self.folder = ThreadPoolExecutor(max_workers=1),Path(tempfile.mkdtemp(prefix='least_checkpoint', dir='/dev/shm'))
+
+    def _lay_out(self, tensors):
+        "Two files, each with a view of its bytes for each tensor, and where the rest goes"
+        room = lambda at: -(-at // 64) * 64
+        end = 64 + sum(room(t.nbytes) for t in tensors)
+        files = []
+        for i in range(2):
+            f,views,at = TensorFile(self.folder/str(i), end + 2**20),[],64
+            for t in tensors: views.append(f.bytes[at:at+t.nbytes].view(t.dtype).view(t.shape)); at += room(t.nbytes)
+            files.append((f, views, end))
+        return files
+
+    def after_batch(self):
+        if not self.training: return
+        start,name = time.thread_time(),str(self.train_iter)
+        self.rngs.hand(name)
+        if self.writes:
+            if self.pending is not None: self.pending.result()
+            if self.files is None: self.tensors = state_tensors(); self.files = self._lay_out(self.tensors)
+            f,views,at = self.files[self.n % 2]
+            with torch.no_grad(): torch._foreach_copy_(views, self.tensors)
+            rec = learn.recorder
+            rest = dict(epoch=self.epoch, iter=self.iter+1, pct_train=learn.pct_train, train_iter=learn.train_iter, hypers=learn.opt.hypers,
+                        values=[list(v) for v in rec.values], smooth_count=rec.smooth_loss.count, smooth_loss=float(rec.smooth_loss.val),
+                        callbacks=[(type(cb).__name__, st) for cb,st in _callback_states(learn)])
+            for k in RecordedFloats.kinds:
+                t = self.recorded.tensor(getattr(rec, k), k)
+                f.bytes[at:at+t.nbytes].view(t.dtype).copy_(t); rest[k] = (at, len(t)); at += t.nbytes
+            data = pickle.dumps(rest, protocol=2)
+            f.bytes[at:at+len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            self.pending = self.writer.submit(self._commit, f, name, at + len(data))
+        self.cpu['training'] += time.thread_time() - start; self.n += 1
+
+    def _commit(self, f, name, at):
+        "Gather every rank's random states after the rest, then write the header"
+        start,rngs = time.thread_time(),b''.join(self.rngs.gather(name))
+        f.bytes[at:at+len(rngs)] = torch.frombuffer(bytearray(rngs), dtype=torch.uint8)
+        head = f"{name} {at} {len(rngs)}".encode()
+        f.bytes[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+        self.cpu['writer'] += time.thread_time() - start
+
+    def after_fit(self):
+        if self.pending is not None: self.pending.result()
+        self.rngs.close()
+        if self.writes: self.writer.shutdown(); self.files = None; shutil.rmtree(self.folder)
+
+    def cost(self): return dict(checkpoints=self.n, **{f"{k}_ms": 1000*v/max(self.n, 1) for k,v in {**self.cpu, 'handoff': self.rngs.cpu}.items()})
+
+peak,ready,copies,least = resident(),Ready(),CopyEach(),LeastCheckpoint()
 t,cpu = time.monotonic(),time.process_time()
-with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 0.02, cbs=[ckpt, Noise(), LogAndKill(), ready, *([copies] if os.environ.get('COPY_EACH') else [])])
+with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 0.02, cbs=[ckpt, Noise(), LogAndKill(), ready, *([copies] if os.environ.get('COPY_EACH') else []), *([least] if os.environ.get('LEAST') else [])])
 t,cpu = time.monotonic()-t,time.process_time()-cpu
 (root/f"times{rank_distrib()}_{attempt}.json").write_text(json.dumps(dict(started=started, imported=imported, ready=ready.at, **ckpt.resume_seconds)))
 
@@ -87,5 +153,5 @@ def one_copy_ms():
     return statistics.median(times)
 sha = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
 (root/f"result{rank_distrib()}.json").write_text(json.dumps(dict(sha=sha, resumed_from=ckpt.resumed_from, tier=ckpt.resumed_tier, seconds=t, cpu=cpu,
-    maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024, private_peak_mb=peak['private'], memory_cost=ckpt.memory_cost,
+    maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024, private_peak_mb=peak['private'], memory_cost=ckpt.memory_cost or (least.cost() if os.environ.get('LEAST') else {}),
     copy_ms=one_copy_ms() if os.environ.get('COPY') else None, copy_each_ms=statistics.median(copies.ms) if copies.ms else None)))
