@@ -78,6 +78,10 @@ class CopyEach(Callback):
         if self.dest is None: self.dest = [torch.empty_like(x) for x in state]
         self.ms.append(copy_ms(self.dest, state))
 
+def put(f, at, data):
+    "Write the bytes `data` into the mapped `TensorFile` `f` at byte `at`"
+    f.bytes[at:at+len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
 class LeastCheckpoint(Callback):
     """The least a memory checkpoint after each training batch does, its CPU time on rank 0 (the writer) as `memory_cost` counts it:
     every rank hands its random states (`RngHandoff`); rank 0 copies the tensors into one of two mapped files, laid out
@@ -120,16 +124,15 @@ class LeastCheckpoint(Callback):
                 t = self.recorded.tensor(getattr(rec, k), k)
                 f.bytes[at:at+t.nbytes].view(t.dtype).copy_(t); rest[k] = (at, len(t)); at += t.nbytes
             data = pickle.dumps(rest, protocol=2)
-            f.bytes[at:at+len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            put(f, at, data)
             self.pending = self.writer.submit(self._commit, f, name, at + len(data))
         self.cpu['training'] += time.thread_time() - start; self.n += 1
 
     def _commit(self, f, name, at):
         "Gather every rank's random states after the rest, then write the header"
         start,rngs = time.thread_time(),b''.join(self.rngs.gather(name))
-        f.bytes[at:at+len(rngs)] = torch.frombuffer(bytearray(rngs), dtype=torch.uint8)
-        head = f"{name} {at} {len(rngs)}".encode()
-        f.bytes[:len(head)] = torch.frombuffer(bytearray(head), dtype=torch.uint8)
+        put(f, at, rngs)
+        put(f, 0, f"{name} {at} {len(rngs)}".encode())
         self.cpu['writer'] += time.thread_time() - start
 
     def after_fit(self):
@@ -139,9 +142,9 @@ class LeastCheckpoint(Callback):
 
     def cost(self): return dict(checkpoints=self.n, **{f"{k}_ms": 1000*v/max(self.n, 1) for k,v in {**self.cpu, 'handoff': self.rngs.cpu}.items()})
 
-peak,ready,copies,least = resident(),Ready(),CopyEach(),LeastCheckpoint()
+peak,ready,copies,least = resident(),Ready(),CopyEach(),LeastCheckpoint() if os.environ.get('LEAST') else None
 t,cpu = time.monotonic(),time.process_time()
-with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 0.02, cbs=[ckpt, Noise(), LogAndKill(), ready, *([copies] if os.environ.get('COPY_EACH') else []), *([least] if os.environ.get('LEAST') else [])])
+with learn.distrib_ctx(): learn.fit_one_cycle(epochs, 0.02, cbs=[ckpt, Noise(), LogAndKill(), ready, *([copies] if os.environ.get('COPY_EACH') else []), *([least] if least else [])])
 t,cpu = time.monotonic()-t,time.process_time()-cpu
 (root/f"times{rank_distrib()}_{attempt}.json").write_text(json.dumps(dict(started=started, imported=imported, ready=ready.at, **ckpt.resume_seconds)))
 
@@ -153,5 +156,5 @@ def one_copy_ms():
     return statistics.median(times)
 sha = hashlib.sha256(b''.join(p.detach().numpy().tobytes() for p in learn.model.parameters())).hexdigest()
 (root/f"result{rank_distrib()}.json").write_text(json.dumps(dict(sha=sha, resumed_from=ckpt.resumed_from, tier=ckpt.resumed_tier, seconds=t, cpu=cpu,
-    maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024, private_peak_mb=peak['private'], memory_cost=ckpt.memory_cost or (least.cost() if os.environ.get('LEAST') else {}),
+    maxrss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024, private_peak_mb=peak['private'], memory_cost=least.cost() if least else ckpt.memory_cost,
     copy_ms=one_copy_ms() if os.environ.get('COPY') else None, copy_each_ms=statistics.median(copies.ms) if copies.ms else None)))
