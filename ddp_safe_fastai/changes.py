@@ -346,6 +346,9 @@ process_changes = [
     *_prows('runtime attribute', 'fastai.callback.schedule.LRFinder', 'saved', "under DDP, the model and optimizer saved into memory by "
             "`before_fit`, loaded back by `after_fit`", "fastai's `tmp_d` is a folder of another name on each rank",
             'writers:LRFinder._lrfinder_before_fit'),
+    *_prows('runtime attribute', 'fastai.learner.Learner', 'exported_from', "the file a default `load_learner` read it from, set once "
+            "the load is checked: its `Learner.load` reads weights only", "fastai's `SaveModelCallback`, which the file may hold, reloads "
+            "with `weights_only=False`", 'learner:_settle_export'),
     *_prows('signal', 'signal', 'SIGTERM SIGUSR1', "during a fit with a `CheckpointCallback`: handlers that note the signal, and a wakeup "
             "descriptor; the old ones given back as the fit ends", "a signal to one rank stops every rank after the same batch",
             'signals:SignalWatch.__init__ signals:SignalWatch.close'),

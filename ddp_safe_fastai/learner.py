@@ -6,7 +6,7 @@
 from __future__ import annotations
 import os, warnings
 from functools import partial
-from pathlib import Path
+from pathlib import Path, PurePath
 import torch, cloudpickle
 from fastcore.basics import *
 from fastcore.meta import delegates
@@ -14,7 +14,7 @@ import fastai.learner
 from fastai.torch_core import default_device, apply, one_param
 from fastai.data.core import DataLoaders
 from fastai.learner import Learner
-from .errors import CheckpointNotFoundError
+from .errors import CheckpointNotFoundError, UnsafeExportError
 from .safe_unpickle import pickle_module_for
 from .ranks import distrib_timeout, rank_distrib, run_group
 from .rendezvous import rank_device
@@ -26,6 +26,10 @@ from .manifest import is_complete, read_manifest
 from .train_state import apply_model_state, model_state, read_training_state, step_tensors
 from .storage import file_place, storage_for
 from .checkpoint_dir import CheckpointDir
+
+# %% auto #0
+__all__ = ['model_file', 'load_device', 'model_device', 'load_learner', 'load_dataloaders', 'model_state', 'step_tensors',
+           'apply_model_state']
 
 # %% auto #0
 __all__ = ['model_file', 'load_device', 'model_device', 'load_learner', 'load_dataloaders', 'model_state', 'step_tensors',
@@ -105,8 +109,9 @@ def load(self:Learner,
          strict=True, # the file's keys must match the model's
          weights_only=True, # refuse anything but weights
          **kwargs): # `read_on_all`'s options; the others go to `torch.load`
-    "Load model and optimizer state (if `with_opt`) from `self.path/self.model_dir/file`, on every rank"
+    "Load model and optimizer state (if `with_opt`) from `self.path/self.model_dir/file`, on every rank; a Learner a default `load_learner` made reads only weights"
     if self.opt is None: self.create_opt()
+    weights_only = weights_only or 'exported_from' in vars(self)  # its callbacks came from the file (fastai's `SaveModelCallback` asks for `weights_only=False`)
     opts,torch_load_kwargs = split_kwargs(kwargs, read_on_all)
     if _is_buffer(file):
         _load_into(file, self, load_device(self, device), with_opt, strict, weights_only, **torch_load_kwargs)
@@ -157,12 +162,25 @@ def export(self:Learner,
 # %% ../nbs/41_learner.ipynb #5b240aef
 _fastai_load_learner = fastai_original(fastai.learner, 'load_learner')
 
+def _inside(place):
+    "Is `place` (a str or a path) a name inside a folder: relative, without '..', no URL?"
+    return isinstance(place, (str, PurePath)) and '://' not in str(place) and not Path(place).is_absolute() and '..' not in Path(place).parts
+
+def _settle_export(learn, file):
+    "A `Learner` a default `load_learner` read from `file`: its folder is the file's, what it saves stays inside it, it reads its weights with `weights_only`, and each callback serves it"
+    if not _inside(learn.model_dir): raise UnsafeExportError(f"load_learner {file}: its model_dir {learn.model_dir!r} is not a folder inside the Learner's")
+    for cb in learn.cbs:
+        if vars(cb).get('learn', learn) is not learn: raise UnsafeExportError(f"load_learner {file}: its {type(cb).__name__} serves another Learner")
+        if not _inside(getattr(cb, 'fname', '.')): raise UnsafeExportError(f"load_learner {file}: its {type(cb).__name__}'s fname {cb.fname!r} is not a name inside the Learner's folder")
+    learn.path,learn.exported_from = Path(file).parent if isinstance(file, (str, os.PathLike)) else Path('.'),file
+    return learn
+
 def _without_pickle_warning(read):
-    "`read`, without fastai's warning that the load may run any code: this one runs none from the file"
+    "`read`, without fastai's warning that the load may run any code (this one runs none from the file), then `_settle_export`"
     def read_export(file):
         with warnings.catch_warnings():
             warnings.filterwarnings('ignore', message="load_learner` uses Python's insecure pickle")
-            return read(file)
+            return _settle_export(read(file), file)
     return read_export
 
 @delegates(read_on_all, but='read,what,scope')

@@ -4,12 +4,13 @@
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e001
 from __future__ import annotations
-import io, sys, enum, types, inspect, pickle, _compat_pickle, importlib, functools, copyreg, collections
+import io, re, sys, enum, types, typing, random, inspect, pickle, _compat_pickle, importlib, functools, copyreg, collections
 import numpy as np, torch
 from torch._tensor import _rebuild_from_type_v2
 from dataclasses import dataclass
 from functools import cache
-from pathlib import Path
+from pathlib import Path, PurePath
+from fastcore.basics import GetAttr
 from .errors import UnsafeExportError
 
 # %% auto #0
@@ -17,26 +18,39 @@ __all__ = ['EXPORT_POLICY', 'Admitted', 'parse_policy', 'export_policy', 'StandI
            'ExportCheck', 'ExportUnpickler', 'ExportPickle', 'pickle_module_for', 'pickle_of', 'export_uses',
            'export_report']
 
+# %% auto #0
+__all__ = ['EXPORT_POLICY', 'Admitted', 'parse_policy', 'export_policy', 'StandIn', 'CarriedCode', 'CarriedFunction',
+           'ExportCheck', 'BuiltCheck', 'ExportUnpickler', 'ExportPickle', 'pickle_module_for', 'pickle_of',
+           'export_uses', 'export_report']
+
+# %% auto #0
+__all__ = ['EXPORT_POLICY', 'POLICY_RULE', 'Admitted', 'parse_policy', 'export_policy', 'PolicyRule', 'admitted_by', 'StandIn',
+           'CarriedCode', 'CarriedFunction', 'ExportCheck', 'BuiltCheck', 'ExportUnpickler', 'ExportPickle',
+           'pickle_module_for', 'pickle_of', 'export_uses', 'export_report']
+
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e002
 @dataclass(frozen=True)
 class Admitted:
     "What the policy lets a file do with one global: `refer` to it, build it with `new` (`cls.__new__`, then its state), `call` it while loading; `guard`: called through a check of its arguments; `bound`: a method read with getattr from an instance of its class; `closure`: a function the library makes at run time, carried by value"
     kind: str # 'refer', 'new', 'call', 'guard', 'bound' or 'closure'
     why: str # why a fastai export needs it, and why it runs no code the file chooses
+    only: str|None = None # where what the load builds may hold it (see `BuiltCheck`): `at:module.Class.attr`, `bound:module.Class`, `partial`, `plain`
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e003
 def parse_policy(text):
-    "{(module, qualified name): `Admitted`} from lines `module name kind`, each group after a `# why` line"
+    "{(module, qualified name): `Admitted`}, read-only, from lines `module name kind [only]`, each group after a `# why` line"
     policy,why = {},None
     for line in text.splitlines():
         line = line.strip()
         if not line: continue
         if line.startswith('#'): why = line[1:].strip(); continue
-        module,name,kind = line.split()
+        module,name,kind,*only = line.split()
         if kind not in ('refer', 'new', 'call', 'guard', 'bound', 'closure'):
             raise ValueError(f"policy line {line!r}: kind {kind!r} is not refer, new, call, guard, bound or closure")
-        policy[(module, name)] = Admitted(kind, why)
-    return policy
+        if len(only) > 1 or only and not (only[0] in ('partial', 'plain') or only[0].startswith(('at:', 'bound:'))):
+            raise ValueError(f"policy line {line!r}: {' '.join(only)!r} is not at:module.Class.attr, bound:module.Class, partial or plain")
+        policy[(module, name)] = Admitted(kind, why, only[0] if only else None)
+    return types.MappingProxyType(policy)
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e008
 EXPORT_POLICY = """
@@ -63,6 +77,7 @@ fastai.data.transforms CategoryMap new
 fastai.data.transforms ColReader new
 fastai.data.transforms IntToFloatTensor new
 fastai.data.transforms Normalize new
+fastai.data.transforms RegexLabeller new
 fastai.data.transforms ToTensor new
 fastai.layers AdaptiveConcatPool2d new
 fastai.layers ConvLayer new
@@ -170,11 +185,11 @@ spacy.util raise_error refer
 spacy.vectors unpickle_vectors call
 spacy.vocab unpickle_vocab call
 # functions, methods and types a fastai export refers to, some of which fastai calls at inference (tokenizer rules, hooks, `load_image`, splitters, metrics, the optimizer, tensor types): never called while loading; fastai's code, with no command, file write or import
-fastai.callback.hook Hook.hook_fn refer
+fastai.callback.hook Hook.hook_fn refer bound:fastai.callback.hook.Hook
 fastai.callback.hook _hook_inner refer
 fastai.data.core FilteredBase refer
 fastai.data.core FilteredBase.dataloaders refer
-fastai.data.load _wif refer
+fastai.data.load _wif refer at:fastai.data.load._FakeLoader.worker_init_fn
 fastai.data.transforms parent_label refer
 fastai.imports noop refer
 fastai.metrics accuracy refer
@@ -193,7 +208,7 @@ fastai.text.core rm_useless_spaces refer
 fastai.text.core spec_add_spaces refer
 fastai.text.data TensorText refer
 fastai.text.data _default_sort refer
-fastai.text.models.awdlstm WeightDropout._do_nothing refer
+fastai.text.models.awdlstm WeightDropout._do_nothing refer at:torch.nn.modules.rnn.RNNBase.flatten_parameters
 fastai.text.models.awdlstm awd_lstm_clas_split refer
 fastai.torch_core TensorBase refer
 fastai.torch_core TensorCategory refer
@@ -208,9 +223,10 @@ fastai.vision.augment zoom_mat refer
 fastai.vision.core PILImage refer
 fastai.vision.core PILMask refer
 fastai.vision.core TensorPoint refer
-fastai.vision.core load_image refer
+fastai.vision.core load_image refer plain
+fastai.vision.data bb_pad refer
 fastai.vision.learner _resnet_split refer
-fastcore.basics _using_attr refer
+fastcore.basics _using_attr refer partial
 fastcore.basics merge refer
 plum._util Missing refer
 # types and functions of the standard library, numpy, pandas, PIL and torch an export refers to (signatures, dtypes, default factories): never called while loading
@@ -218,7 +234,7 @@ PIL.Image Image refer
 builtins float refer
 builtins int refer
 builtins list refer
-builtins print refer
+builtins print refer plain
 builtins str refer
 builtins tuple refer
 inspect _empty refer
@@ -266,7 +282,17 @@ random Random call
 re _compile call
 torch Size call
 torch device call
+# types in the signatures of fastai's type dispatch (plum's): `dict[str, Parameter | None]`, `Union[Module, None]`, `Callable[..., Tensor]`, made of admitted types
+builtins Ellipsis refer
+builtins bool refer
+builtins dict refer
+collections.abc Callable refer
+torch.nn.parameter Parameter refer
+typing Union refer
+typing Optional refer
+collections.abc _CallableGenericAlias call
 # called through a check of their arguments (see `ExportUnpickler`'s guards)
+_operator getitem guard
 _codecs encode guard
 builtins getattr guard
 builtins iter guard
@@ -284,7 +310,7 @@ pandas._libs.arrays __pyx_unpickle_NDArrayBacked guard
 pandas.core.indexes.base _new_Index guard
 torch._tensor _rebuild_from_type_v2 guard
 # functions cloudpickle carries by value though a library defines them (a classmethod its class returns bound; `Transform`'s wrapper of an encoder with no name): the installed library's code takes their place, with the values the file gives a closure
-fastai.vision.core PILBase.create refer
+fastai.vision.core PILBase.create refer plain
 fasttransform.transform Transform.__init__.<locals>.wrapped_enc closure
 # a compiled pattern's methods, read from the pattern spaCy's tokenizer holds (its prefix, suffix and infix rules): they match text
 re Pattern.search bound
@@ -296,6 +322,69 @@ re Pattern.finditer bound
 def export_policy():
     "What `load_learner` admits: {(module, qualified name): `Admitted`}, read once from `EXPORT_POLICY`"
     return parse_policy(EXPORT_POLICY)
+
+# %% ../nbs/15_safe_unpickle.ipynb #b17c0010
+@dataclass(frozen=True)
+class PolicyRule:
+    "What a load may use though the policy does not name it: the installed libraries' classes of some kinds (their pickling the default, their `__setstate__` and kin reviewed), the functions of modules whose every function computes on its arguments, and the architectures fastai knows"
+    modules: tuple # the libraries whose classes it admits, as module prefixes: only a module this process has imported already (an import would run its code)
+    bases: tuple # the kinds (a base class's module and qualified name): built with `__new__`, given their state
+    reviewed: dict # {method: the classes whose version of it may be the one the class has (`None`: none has it)}
+    enums: tuple # module prefixes whose `Enum` classes the file may call with a value (a member comes back, which it may not change)
+    functions: tuple # modules (or prefixes, ending in '.') whose functions the file may refer to: each computes on its arguments, nothing else
+    tensors: str # the base of the tensor types (their tensors made by torch's `_rebuild_from_type_v2`, a guard)
+    architectures: str # the module of fastai's `model_meta`: the architectures it names (never in a partial: given arguments, they download weights) and their splitters
+
+    def admits(self, module, name):
+        "The `Admitted` entry the rule gives the global `module.name`, or None"
+        obj = getattr(sys.modules.get(module), name, None) if '.' not in name else None
+        if getattr(obj, '__module__', None) != module: return None  # defined there, not imported there
+        if isinstance(obj, types.FunctionType): return self._function(module, obj)
+        if not (isinstance(obj, type) and module.startswith(self.modules)): return None
+        if issubclass(obj, enum.Enum):
+            return Admitted('call', "an enum of the installed library, called with a value: a member") if module.startswith(self.enums) else None
+        if any(_full(k) == self.tensors for k in obj.__mro__): return Admitted('refer', "a tensor type of fastai's: its tensors rebuilt by torch's rebuilder")
+        if not any(_full(k) in self.bases for k in obj.__mro__): return None
+        if any(_owner(obj, m) not in owners for m,owners in self.reviewed.items()): return None
+        return Admitted('new', f"a class of the installed {module.split('.')[0]} of a kind it builds by rule, with its reviewed `__setstate__`")
+
+    def _function(self, module, f):
+        if module in self.functions or module.startswith(tuple(m for m in self.functions if m.endswith('.'))):
+            return Admitted('refer', f"a function of {module}, whose functions compute on their arguments")
+        meta = getattr(sys.modules.get(self.architectures), 'model_meta', {})
+        if f in meta: return Admitted('refer', "an architecture fastai's `model_meta` names", 'plain')
+        if any(f is m.get('split') for m in meta.values()): return Admitted('refer', "the splitter fastai's `model_meta` gives an architecture")
+        return None
+
+def _full(cls): return f"{cls.__module__}.{cls.__qualname__}"
+
+def _owner(cls, method):
+    "The class (module and qualified name) of `cls`'s MRO whose body defines `method`, or None"
+    return next((_full(k) for k in cls.__mro__ if method in vars(k)), None)
+
+POLICY_RULE = PolicyRule(
+    modules=('fastai.', 'torch.nn.', 'torchvision.', 'timm.'),
+    bases=('torch.nn.modules.module.Module', 'fastai.callback.core.Callback', 'fasttransform.transform.Transform',
+           'fastai.learner.Metric', 'fastai.losses.BaseLoss', 'fastai.data.load.DataLoader'),
+    reviewed=types.MappingProxyType({
+        '__new__': ('builtins.object',), '__reduce_ex__': ('builtins.object',), '__reduce__': ('builtins.object',),
+        # each updates `__dict__` with the state, then sets defaults an older state lacks or rebuilds what it derives from it
+        '__setstate__': (None, 'torch.nn.modules.module.Module', 'torch.nn.modules.conv._ConvNd', 'torch.nn.modules.rnn.RNNBase',
+                         'torch.nn.modules.activation.Softmax', 'torch.nn.modules.activation.Softmin', 'torch.nn.modules.activation.LogSoftmax',
+                         'torch.nn.modules.activation.MultiheadAttention', 'torch.nn.modules.pooling.AvgPool3d', 'torch.nn.modules.upsampling.Upsample',
+                         'torch.nn.modules.transformer.TransformerEncoderLayer', 'torch.nn.modules.transformer.TransformerDecoderLayer',
+                         'fastcore.basics.GetAttr', 'fastcore.basics.Stateful'),
+        '_init_state': (None, 'fastcore.basics.Stateful'),  # what `Stateful.__setstate__` calls: it empties `_state`
+        # what pickle calls for a state's slots
+        '__setattr__': ('builtins.object', 'torch.nn.modules.module.Module', 'torch.nn.modules.rnn.RNNBase', 'fastai.callback.core.Callback')}),
+    enums=('fastai.',),
+    functions=('fastai.metrics', 'fastai.optimizer', 'sklearn.metrics.'),
+    tensors='fastai.torch_core.TensorBase',
+    architectures='fastai.vision.learner')
+
+def admitted_by(policy, module, name):
+    "What `policy`, or else `POLICY_RULE`, lets a file do with the global `module.name` (None: nothing; it is a stand-in)"
+    return policy.get((module, name)) or POLICY_RULE.admits(module, name)
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e004
 class StandIn:
@@ -464,7 +553,7 @@ class ExportCheck(pickle.Unpickler):
         self.seen.add((module, name))
         full = f"{module}.{name}"
         if (module, name) in self.allowed: return self.token(full, 'call', self.allowed[(module, name)])
-        admitted = self.policy.get((module, name))
+        admitted = admitted_by(self.policy, module, name)
         if admitted is None: return self.token(full, 'stand-in')
         if admitted.kind == 'guard': return self.token(full, 'guard', run=getattr(self, f"_guard_{name.rsplit('.', 1)[-1].strip('_')}"))
         real = self.imported[(module, name)] = _import(module, name)
@@ -533,7 +622,17 @@ class ExportCheck(pickle.Unpickler):
         "cloudpickle's `_builtin_type`: `CodeType` makes only data (`CarriedCode`), `MethodType` binds only admitted functions"
         if name == 'CodeType': return self.token('types.CodeType', 'guard', run=lambda *args: _Code(self, args))
         if name == 'MethodType': return self.token('types.MethodType', 'guard', run=self._method_type)
-        self.refuse(f"it would make the type {name!r} through cloudpickle's _builtin_type: only CodeType and MethodType are admitted")
+        if name == 'GenericAlias': return self.token('types.GenericAlias', 'guard', run=self._generic_alias)
+        self.refuse(f"it would make the type {name!r} through cloudpickle's _builtin_type: only CodeType, MethodType and GenericAlias are admitted")
+
+    def _generic_alias(self, origin, args):
+        self.admitted_type(origin, object, 'a type alias'); return _Made(self, 'a type alias')
+
+    def _guard_getitem(self, obj, key):
+        "`operator.getitem` only as pickle writes a type annotation: `Union[...]` of a special form of `typing` the policy refers to"
+        if not (isinstance(obj, _Global) and obj.kind == 'refer' and isinstance(obj.real, typing._SpecialForm)):
+            self.refuse(f"it would call operator.getitem on {self.name(obj)}: only on a special form of typing (`Union[...]`)")
+        return _Made(self, 'a type annotation')
 
     def _method_type(self, func, obj):
         if not isinstance(func, _Global): self.refuse(f"it would bind {self.name(func)} as a method")
@@ -601,6 +700,147 @@ class ExportCheck(pickle.Unpickler):
         "torch's tensor-subclass rebuilder: `func` a rebuilder the file may call, `new_type` an admitted Tensor type"
         self.called_by_guard(func, "torch's _rebuild_from_type_v2"); self.admitted_type(new_type, torch.Tensor, 'a tensor'); return _Made(self, 'a tensor')
 
+# %% ../nbs/15_safe_unpickle.ipynb #b17c0001
+_LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), range, slice, type(Ellipsis), PurePath, torch.dtype, torch.device,
+           np.dtype, np.generic, enum.Enum, re.Pattern, random.Random)
+_ROUTINES = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType,
+             types.MethodWrapperType, classmethod, staticmethod, functools.partialmethod, type)
+_MODULE_PARTS = {'_modules': torch.nn.Module, '_parameters': torch.Tensor, '_buffers': torch.Tensor}  # what `Module.__getattr__` hands out
+
+def _is_a(obj, full):
+    "Is `obj` an instance of the class named `full` (module and qualified name), or of a subclass?"
+    return any(f"{k.__module__}.{k.__qualname__}" == full for k in type(obj).__mro__)
+
+class BuiltCheck:
+    "The check of what an `ExportUnpickler` built, before it is handed back: each object's state against its class, each callable where it may be called"
+    def __init__(self, unpickler): # what it handed the file, and its policy's marks
+        self.u,self.stored,self.expanded = unpickler,{},0 # {storage's address: bytes}; the bytes of views larger than their storage
+    def __call__(self, root):
+        "`root`, once every object it reaches has passed; else an `UnsafeExportError` naming what holds what"
+        seen,todo = set(),[(root, None, None)]
+        while todo:
+            obj,owner,attr = todo.pop()
+            if isinstance(obj, _LEAVES): continue
+            if isinstance(obj, _ROUTINES + (functools.partial, types.MethodType, StandIn, CarriedFunction)): self.callable(obj, owner, attr)
+            if id(obj) in seen: continue
+            seen.add(id(obj))
+            todo.extend(self.parts(obj, owner, attr))
+        if self.expanded > max(sum(self.stored.values()), 1 << 20):
+            self.refuse(None, None, f"views of {self.expanded} bytes over {sum(self.stored.values())} bytes of storage: at most as much as it stores, or a MiB")
+        return root
+
+    def refuse(self, owner, attr, what):
+        self.u.refuse(f"{'the export' if owner is None else f'a {type(owner).__name__}'}{'' if attr is None else f'.{attr}'} holds {what}")
+
+    def parts(self, obj, owner, attr):
+        "What `obj` holds, each with where it is held: a container's items where the container is, an object's attributes at their names"
+        if isinstance(obj, dict):
+            if isinstance(obj, collections.defaultdict) and obj.default_factory is not None: yield obj.default_factory,owner,attr
+            for k,v in obj.items(): yield k,owner,attr; yield v,owner,attr
+        elif isinstance(obj, (list, tuple, set, frozenset, collections.deque)): yield from ((o, owner, attr) for o in obj)
+        elif isinstance(obj, (functools.partial, types.MethodType, StandIn, CarriedFunction)) or isinstance(obj, _ROUTINES): return
+        elif isinstance(obj, torch.Tensor): yield from self.tensor(obj)
+        elif isinstance(obj, np.ndarray):
+            if obj.dtype.hasobject: yield from ((o, owner, attr) for o in obj.ravel().tolist())
+        else: yield from self.attributes(obj)
+
+    def tensor(self, t):
+        "A tensor's storage counted, and a view larger than its storage (an expanded one) too; its attributes and hooks"
+        if t.layout == torch.strided:
+            storage = t.untyped_storage()
+            self.stored[storage.data_ptr()] = storage.nbytes()
+            if t.numel() * t.element_size() > storage.nbytes(): self.expanded += t.numel() * t.element_size()
+        yield from ((v, t, k) for k,v in vars(t).items())
+        if t._backward_hooks: yield t._backward_hooks,t,'_backward_hooks'
+
+    def attributes(self, obj):
+        "An object's state: no method of its class shadowed, fastcore's delegation only as its class sets it, a module's parts of their kinds"
+        state,cls = getattr(obj, '__dict__', None),type(obj)
+        if not isinstance(state, dict): return
+        for k,v in state.items():
+            if isinstance(k, str) and (isinstance(inspect.getattr_static(cls, k, None), _ROUTINES) or k in getattr(cls, '_methods', ())): self.shadowing(obj, k, v)
+            if k in _MODULE_PARTS and isinstance(obj, torch.nn.Module) and isinstance(v, dict):
+                if any(o is not None and not isinstance(o, _MODULE_PARTS[k]) for o in v.values()): self.refuse(obj, k, f"what is no {_MODULE_PARTS[k].__name__}")
+            yield v,obj,k
+        if isinstance(obj, GetAttr):
+            if state.get('_default', cls._default) != cls._default: self.refuse(obj, '_default', f"{state['_default']!r}: its delegation is its class's")
+            to = state.get(cls._default)
+            if not (to is None or isinstance(to, (list, tuple, dict)) or self.built(to)):
+                self.refuse(obj, cls._default, f"a {type(to).__name__}, to which it would hand its attributes")
+
+    def built(self, obj):
+        "Is `obj` an instance of a class the policy lets the file build (not a routine, a value type or a stand-in)?"
+        return not isinstance(obj, _ROUTINES + _LEAVES + (functools.partial, types.MethodType, StandIn, CarriedFunction)) and self.u.kind(type(obj))[1] in ('new', 'call')
+
+    def shadowing(self, obj, k, v):
+        "A state key named like a method of the class, or one of fastcore's `funcs_kwargs` slots (`_methods`: a callback's events): an object the load built there, the object's own method, a function the policy places there, or the loading program's own (a function carried as code)"
+        if isinstance(getattr(v, '__func__', v), (StandIn, CarriedFunction)) or k in getattr(type(obj), '_methods', ()) and self.built(v): return
+        if isinstance(v, types.MethodType) and v.__self__ is obj and v.__func__ is _function_of(inspect.getattr_static(type(obj), k)): return
+        if isinstance(v, types.MethodType) and self.placed(self.u.marks.get(id(v.__func__)), obj, k): return
+        self.refuse(obj, k, f"{self.named(v)}, in the place of its class's method {k}")
+
+    def placed(self, mark, owner, attr):
+        "Does `mark` (`at:module.Class.attr`) place what it marks at `owner.attr`?"
+        if not (isinstance(mark, str) and mark.startswith('at:')): return False
+        cls,_,name = mark[3:].rpartition('.')
+        return attr == name and owner is not None and _is_a(owner, cls)
+
+    def named(self, obj):
+        name,_ = self.u.kind(obj)
+        return name or (repr(obj) if isinstance(obj, (StandIn, CarriedFunction)) else f"a {type(obj).__name__}")
+
+    def callable(self, f, owner, attr):
+        "A routine where fastai may call it: one this load handed out (never a guard), where its policy's mark lets it be"
+        if id(f) in self.u.guards: self.refuse(owner, attr, f"{self.named(f)}, which is a check of this load")
+        if isinstance(f, functools.partial): return self.partial(f, owner, attr)
+        if isinstance(f, types.MethodType): return self.method(f, owner, attr)
+        if isinstance(f, StandIn): return
+        name,kind = self.u.kind(f)
+        if not isinstance(f, CarriedFunction) and kind is None: self.refuse(owner, attr, f"{self.named(f)}, which this load did not hand out")
+        mark = self.u.marks.get(id(f))
+        if mark is None or mark == 'plain' or self.placed(mark, owner, attr): return
+        self.refuse(owner, attr, f"{self.named(f)}, which the policy admits only {_ONLY[mark.partition(':')[0]]}{mark.partition(':')[2]}")
+
+    def partial(self, p, owner, attr):
+        "`partial(f, ...)`: `f` a function the policy refers to, given the file's arguments only where its mark allows (fastcore's `using_attr`: a public attribute's name)"
+        f,mark = p.func,self.u.marks.get(id(p.func))
+        name,kind = self.u.kind(f)
+        if not (isinstance(f, (StandIn, CarriedFunction)) or kind == 'refer' and id(f) not in self.u.guards) or mark not in (None, 'partial'):
+            self.refuse(owner, attr, f"partial({self.named(f)}, ...): only a function the policy refers to, with no mark, takes the file's arguments")
+        if mark == 'partial':
+            if not (len(p.args) == 2 and not p.keywords and isinstance(p.args[1], str) and p.args[1].isidentifier() and not p.args[1].startswith('_')):
+                self.refuse(owner, attr, f"partial({name}, {', '.join(map(repr, p.args))}): only a function and a public attribute's name")
+        for a in (*p.args, *p.keywords.values()):
+            if isinstance(a, _ROUTINES + (functools.partial, types.MethodType, CarriedFunction)): self.callable(a, owner, attr)
+
+    def method(self, m, owner, attr):
+        "A method bound to an object: a function this load handed out, of that object's own class (or of the class its `bound:` mark names)"
+        f,obj = m.__func__,m.__self__
+        if isinstance(f, StandIn): return  # raises if called
+        name,kind = self.u.kind(f)
+        if kind is None or id(f) in self.u.guards: self.refuse(owner, attr, f"a method {self.named(f)}, which this load did not hand out")
+        mark = self.u.marks.get(id(f))
+        if isinstance(mark, str) and mark.startswith('bound:'):
+            if not _is_a(obj, mark[6:]): self.refuse(owner, attr, f"{name} bound to a {type(obj).__name__}: only to a {mark[6:]}")
+            return
+        cls,f = obj if isinstance(obj, type) else type(obj),f.target if isinstance(f, CarriedFunction) else f
+        if f is not None and not issubclass(cls, _defining_class(f)):
+            self.refuse(owner, attr, f"{name or self.named(m.__func__)} bound to a {cls.__name__}: only to an instance of the class that defines it")
+        if mark is not None and mark != 'plain' and not self.placed(mark, owner, attr):
+            self.refuse(owner, attr, f"{name}, which the policy admits only {_ONLY[mark.partition(':')[0]]}{mark.partition(':')[2]}")
+
+_ONLY = {'at': 'as the attribute ', 'bound': 'bound to a ', 'partial': "as a partial's function"}
+
+def _function_of(attr):
+    "The function a class attribute calls: a classmethod's or staticmethod's, or the attribute itself"
+    return getattr(attr, '__func__', attr)
+
+def _defining_class(f):
+    "The class whose body defines the function `f` (a method), or `NoneType` for a function of a module"
+    owner = sys.modules.get(getattr(f, '__module__', None))
+    for part in getattr(f, '__qualname__', '<locals>').split('.')[:-1]: owner = getattr(owner, part, None)
+    return owner if isinstance(owner, type) else type(None)
+
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e007
 class ExportUnpickler(pickle.Unpickler):
     "pickle's C unpickler, run on a pickle only once `ExportCheck` has checked every call, build and update it asks for; each global decided by `policy` from its module and name as it is met"
@@ -617,6 +857,7 @@ class ExportUnpickler(pickle.Unpickler):
         self.keep = [] # those objects, alive while the ids mean them
         self.imported,self.seen = {},set() # the admitted globals the dry run imported; the (module, name)s it met
         self.carried,self.guards = set(),set() # ids of what took the place of code carried by value; of the guards this load handed out
+        self.marks = {} # id(object) -> where the policy lets what the load builds hold it (`Admitted.only`)
 
     def load(self):
         "The pickle's object, once a dry run of it (`ExportCheck`) has found nothing the policy refuses: loaded from the bytes the dry run read, so that a file changed meanwhile cannot change what is loaded"
@@ -631,7 +872,7 @@ class ExportUnpickler(pickle.Unpickler):
         persistent_load = getattr(self, 'persistent_load', None)  # torch's, which `__init__` forgets
         super().__init__(io.BytesIO(data), **self.kwargs)
         if persistent_load is not None: self.persistent_load = persistent_load
-        return super().load()
+        return BuiltCheck(self)(super().load())
 
     def check(self, start):
         "The dry run of the pickle from `start`: the bytes it read, what it imported and the globals it met; a refusal is read again as met, to say where in the file"
@@ -649,8 +890,9 @@ class ExportUnpickler(pickle.Unpickler):
 
     def refuse(self, what, how=None): _refuse(what, self.where, how)
 
-    def note(self, obj, name, kind):
+    def note(self, obj, name, kind, only=None):
         self.met[id(obj)] = (name, kind); self.keep.append(obj)
+        if only is not None: self.marks[id(obj)] = only
         return obj
 
     def find_class(self, module, name):
@@ -658,10 +900,10 @@ class ExportUnpickler(pickle.Unpickler):
         full = f"{module}.{name}"
         if (module, name) not in self.seen: self.refuse(f"it names {full}, which its dry run did not meet")
         if (module, name) in self.allowed: return self.note(self.allowed[(module, name)], full, 'call')
-        admitted = self.policy.get((module, name))
+        admitted = admitted_by(self.policy, module, name)
         if admitted is None: return self.stand_in(full)
         if admitted.kind == 'guard': return self.guard(getattr(self, f"_guard_{name.rsplit('.', 1)[-1].strip('_')}"), full)
-        return self.note(self.imported[(module, name)], full, admitted.kind)  # the dry run met it, so imported it
+        return self.note(self.imported[(module, name)], full, admitted.kind, admitted.only)  # the dry run met it, so imported it
 
     def stand_in(self, full):
         "A `StandIn` for the global `full` the policy does not admit, noted as one"
@@ -691,13 +933,24 @@ class ExportUnpickler(pickle.Unpickler):
             self.refuse(f"it would call getattr on {owner or 'a ' + type(obj).__name__}, {name!r}: only a method of an admitted class is read so")
         admitted = self.policy.get((obj.__module__, f"{obj.__qualname__}.{name}"))
         if admitted is None or admitted.kind == 'guard': return self.stand_in(f"{owner}.{name}")
-        return self.note(getattr(obj, name), f"{owner}.{name}", admitted.kind)
+        return self.note(getattr(obj, name), f"{owner}.{name}", admitted.kind, admitted.only)
 
     def _guard_builtin_type(self, name):
         "cloudpickle's `_builtin_type`: `CodeType` makes only data (`CarriedCode`), `MethodType` binds only admitted functions"
         if name == 'CodeType': return self.guard(self._carried_code, 'types.CodeType')
         if name == 'MethodType': return self.guard(self._method_type, 'types.MethodType')
-        self.refuse(f"it would make the type {name!r} through cloudpickle's _builtin_type: only CodeType and MethodType are admitted")
+        if name == 'GenericAlias': return self.guard(self._generic_alias, 'types.GenericAlias')
+        self.refuse(f"it would make the type {name!r} through cloudpickle's _builtin_type: only CodeType, MethodType and GenericAlias are admitted")
+
+    def _generic_alias(self, origin, args):
+        "A type annotation such as `dict[str, Tensor]`: its origin an admitted class"
+        return types.GenericAlias(self._admitted_type(origin, object, 'a type alias'), args)
+
+    def _guard_getitem(self, obj, key):
+        "`operator.getitem` only as pickle writes a type annotation: `Union[...]` of a special form of `typing` the policy refers to"
+        if not (isinstance(obj, typing._SpecialForm) and self.kind(obj)[1] == 'refer'):
+            self.refuse(f"it would call operator.getitem on {self.kind(obj)[0] or 'a ' + type(obj).__name__}: only on a special form of typing (`Union[...]`)")
+        return obj[key]
 
     def _carried_code(self, *args): return CarriedCode(args)
 
@@ -717,9 +970,9 @@ class ExportUnpickler(pickle.Unpickler):
         return self.note(found, f"the function {name} carried as code", 'stand-in')
 
     def _main_function(self, name):
-        "The loading program's function `name` of `__main__`, if it defines one"
+        "The function `name` the loading program defines itself in `__main__`, if any: never one a star import brought there"
         main = getattr(sys.modules.get('__main__'), name, None) if isinstance(name, str) and name.isidentifier() else None
-        return main if isinstance(main, types.FunctionType) else None
+        return main if isinstance(main, types.FunctionType) and main.__module__ == '__main__' else None
 
     def _guard_function_setstate(self, obj, state):
         "cloudpickle's: the module and name of a function carried by value, and its state: the `CarriedFunction` takes the function this process admits by that name, if any; its code, globals and closure are dropped"
@@ -735,6 +988,7 @@ class ExportUnpickler(pickle.Unpickler):
         if (module, qualname) in self.allowed: obj.target = self.allowed[(module, qualname)]
         elif (admitted := self.policy.get((module, qualname))) is not None and admitted.kind in ('refer', 'new', 'call'):
             obj.target = _resolve(module, qualname)  # the library's own function, as installed here: not the file's code
+            if admitted.only is not None: self.marks[id(obj)] = admitted.only
         elif admitted is not None and admitted.kind == 'closure': obj.target = self._closure(module, qualname, slots)
 
     def _closure(self, module, qualname, slots):
@@ -905,12 +1159,12 @@ def export_report(file, # an `export.pkl`, a `dls.pkl`, any pickle `torch.save` 
     called = sorted(k for k,u in uses.items() if 'call' in u)
     built = sorted(k for k,u in uses.items() if 'new' in u and 'call' not in u)
     referred = sorted(k for k,u in uses.items() if not u)
-    refused = [k for how,ks in (('call', called), ('new', built)) for k in ks if not _lets(getattr(policy.get(k), 'kind', None), how)]
+    refused = [k for how,ks in (('call', called), ('new', built)) for k in ks if not _lets(getattr(admitted_by(policy, *k), 'kind', None), how)]
     lines = [f"{file}: a pickle naming {len(uses)} globals",
              f"would call while loading ({len(called)}): " + ', '.join(map(name, called)),
              f"would build ({len(built)}): " + ', '.join(map(name, built)),
              f"refers to ({len(referred)}; those the policy does not name become stand-ins, never imported): " +
-             ', '.join(name(k) + ('' if k in policy else ' (stand-in)') for k in referred),
+             ', '.join(name(k) + ('' if admitted_by(policy, *k) else ' (stand-in)') for k in referred),
              f"carries as code ({len(carried)}; never run: the loading program's `__main__` function or the library's takes its place): " + ', '.join(carried)]
     admitted = not refused
     lines.append("the default load admits it" if admitted else

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest, torch, cloudpickle
 from fasttransform.transform import Transform
 from ddp_safe_fastai.all import load_learner, UnsafeExportError
-from ddp_safe_fastai.safe_unpickle import export_policy, export_uses, pickle_of
+from ddp_safe_fastai.safe_unpickle import admitted_by, export_policy, export_uses, pickle_of
 from conftest import values, ranks
 
 HERE = Path(__file__).parent
@@ -43,17 +43,17 @@ def test_corpus_loads_and_predicts(corpus, mode):
         assert 'lambda' in loaded['vision_lambda']['label'] and 'UnsafeExportError' in loaded['vision_lambda']['label']
 
 def test_policy_is_the_corpus(corpus):
-    "Every global the corpus names is in the policy or is the exporter's own (`__main__`); every entry resolves to a class or function"
+    "Every global the corpus names is admitted, by the policy or its rule, or is the exporter's own (`__main__`); every entry resolves to a class or function"
     out,_ = corpus
     named = exports_globals(sorted(out.glob('*.pkl')))
     policy = export_policy()
-    assert {(m, n) for m,n in named if m != '__main__'} - set(policy) == set()
+    assert {(m, n) for m,n in named if m != '__main__' and admitted_by(policy, m, n) is None} == set()
     for (m,n),a in policy.items():
         if a.kind == 'bound' or not importlib.util.find_spec(m.split('.')[0]): continue
         try: obj = importlib.import_module(m)
         except Exception: continue  # a module of the other stack (fastcore 1 or 2), or torchvision beside the dev stack's torch
         for part in n.split('.'): obj = getattr(obj, part, None)
-        assert obj is None or callable(obj), (m, n)
+        assert obj is None or callable(obj) or obj is Ellipsis, (m, n)  # `...`, in a type annotation
 
 def test_every_guard_has_its_check():
     "Each `guard` entry of the policy names a check of the dry run and what the load does (a `guard` without them would fail every load that meets it)"
@@ -329,3 +329,165 @@ def test_admitted_callables_with_an_attackers_arguments(tmp_path, monkeypatch):
             assert not marker.exists() and victim.read_text() == 'intact', (module, name, args)
             assert 'attacker_module' not in sys.modules, (module, name, args)
     assert tried >= 14*40
+
+# --- payloads that run after the load: the file sets the state of everything it builds, and fastai then calls that state
+def tamper(file, change):
+    "Rewrite the export `file`: loaded as fastai loads it (the test's own file), `change(learn)`, saved as `Learner.export` saves"
+    learn = torch.load(file, weights_only=False)
+    change(learn)
+    torch.save(learn, file, pickle_module=cloudpickle, pickle_protocol=2)
+
+class Watch:
+    "What no payload may change: a marker file, a victim file, the environment, the classes' attributes, the policy; `use` calls what users call after a load"
+    def __init__(self, tmp_path):
+        from fastai.learner import Learner
+        from fastai.data.core import DataLoaders
+        self.marker,self.victim,self.classes = tmp_path/'ran',tmp_path/'victim',(Learner, DataLoaders, type(Path('.')), Path)
+        self.victim.write_text('intact')
+        self.snapshot()
+
+    def snapshot(self):
+        "What `check` compares against: taken once the test's imports are done (fastai's modules add methods to `Learner` as they are imported)"
+        self.env,self.attrs,self.policy = dict(os.environ),[set(vars(c)) for c in self.classes],dict(export_policy())
+
+    def use(self, learn):
+        "`predict`, `get_preds`, and `fine_tune(1)` on new DataLoaders: each may raise `UnsafeExportError` (a stand-in called), nothing else"
+        from ddp_safe_fastai.testing import synth_learner
+        x = torch.tensor([0.5, 0.5, 0.5, 0.5])
+        calls = [lambda: learn.predict(x), lambda: learn.get_preds(dl=learn.dls.test_dl([0, 1]) if learn.dls.loaders else None),
+                 lambda: (setattr(learn, 'dls', synth_learner(path=learn.path).dls), learn.fine_tune(1))]
+        for call in calls:
+            try:
+                with learn.no_bar(), learn.no_logging(): call()
+            except UnsafeExportError: pass
+
+    def check(self):
+        assert not self.marker.exists() and self.victim.read_text() == 'intact'
+        assert dict(os.environ) == self.env and [set(vars(c)) for c in self.classes] == self.attrs
+        assert dict(export_policy()) == self.policy and isinstance(export_policy(), types.MappingProxyType)
+
+def after_load_payloads(w, root):
+    "kind -> [(change to a real export, what the refusal names)]: each reaches fastai's calls after the load (`load_learner`'s, `predict`'s, the callbacks' events)"
+    import functools, fastcore.basics, fastai.data.load, fastai.callback.hook, fastai.vision.core
+    from fastai.callback.tracker import SaveModelCallback
+    from fastai.data.core import TfmdLists
+    def cb(learn, **state):
+        c = learn.cbs[0]
+        for k,v in state.items(): setattr(c, k, v)
+    def act(f): return lambda learn: setattr(learn, 'loss_func', f)  # fastai calls it in `fine_tune` and `get_preds`
+    victim = w.victim
+    return {
+        "the state of what `load_learner` calls (`dls.cpu`, a callback's events)": [
+            (lambda l: setattr(l.dls, 'cpu', fastai.data.load._wif), 'in the place of its class\'s method cpu'),
+            (lambda l: setattr(l.dls, 'cpu', print), 'in the place of its class\'s method cpu'),
+            (lambda l: cb(l, after_validate=print), "in the place of its class's method after_validate"),
+            (lambda l: cb(l, before_fit=types.MethodType(fastai.data.core.FilteredBase.dataloaders, l.dls.train.dataset)), "in the place of its class's method before_fit")],
+        'delegation to what the file chooses': [
+            (lambda l: cb(l, _default='victim_path', victim_path=Path(victim)), "its delegation is its class's"),
+            (lambda l: setattr(l, 'loss_func', functools.partial(l.cbs[0], 'unlink')), 'only a function the policy refers to'),
+            (lambda l: setattr(l.dls.loaders[0], 'dataset', Path(victim)), 'to which it would hand its attributes'),
+            (lambda l: l.model._modules.__setitem__('extra', Path(victim)), 'a Linear._modules holds what is no Module')],
+        "fastai's own functions where fastai calls them": [
+            (act(fastai.data.load._wif), 'admits only as the attribute fastai.data.load._FakeLoader.worker_init_fn'),
+            (act(functools.partial(fastcore.basics._using_attr, print, '__globals__')), "only a function and a public attribute's name"),
+            (act(functools.partial(fastai.vision.core.load_image, str(victim))), 'only a function the policy refers to, with no mark'),
+            (act(fastai.callback.hook.Hook.hook_fn), 'admits only bound to a fastai.callback.hook.Hook'),
+            (act(types.MethodType(fastai.callback.hook.Hook.hook_fn, TfmdLists(['a'], None))), 'only to a fastai.callback.hook.Hook'),
+            (lambda l: setattr(l, 'loss_func', types.MethodType(fastai.data.core.FilteredBase.dataloaders, l.cbs[0])), 'only to an instance of the class that defines it')],
+        "a guard of the load, kept in what it built": [
+            (act(getattr), 'which is a check of this load'), (act(functools.reduce), 'which is a check of this load')],
+        'files the file names, written or read': [
+            (lambda l: setattr(l, 'model_dir', str(root/'elsewhere')), 'model_dir'),
+            (lambda l: l.add_cb(SaveModelCallback(fname='../victim')), "fname '../victim'"),
+            (lambda l: setattr(l.cbs[0], 'learn', torch.load(root/'export.pkl', weights_only=False)), 'serves another Learner')],
+        'memory out of proportion': [
+            (lambda l: setattr(l, 'payload', torch.zeros(1).expand(10**8)), 'views of 400000000 bytes'),
+            (lambda l: setattr(l.model, 'extra', torch.nn.Parameter(torch.zeros(2).expand(10**6, 2), requires_grad=False)), 'views of 8000000 bytes')],
+    }
+
+AFTER_LOAD = [(kind, i) for kind,n in [("the state of what `load_learner` calls (`dls.cpu`, a callback's events)", 4), ('delegation to what the file chooses', 4),
+              ("fastai's own functions where fastai calls them", 6), ('a guard of the load, kept in what it built', 2),
+              ('files the file names, written or read', 3), ('memory out of proportion', 2)] for i in range(n)]
+
+@pytest.mark.parametrize('kind,i', AFTER_LOAD)
+def test_payloads_after_the_load_refused(learner, tmp_path, kind, i):
+    "An export whose state reaches what fastai calls after the load: `load_learner` raises `UnsafeExportError` saying what holds what; then nothing ran, nothing changed (a default load that loads would be used as users use it)"
+    w = Watch(tmp_path)
+    learner.export(tmp_path/'export.pkl')
+    change,named = after_load_payloads(w, tmp_path)[kind][i]
+    tamper(tmp_path/'export.pkl', change)
+    w.snapshot()
+    with pytest.raises(UnsafeExportError) as e: w.use(load_learner(tmp_path/'export.pkl'))
+    assert named in str(e.value), str(e.value)
+    w.check()
+
+def test_main_stands_in_only_for_its_own_functions(learner, tmp_path, monkeypatch):
+    "A carried function named like one a star import put in the loader's `__main__` (fastcore's `run`, this library's `load_learner`) stays a stand-in: it raises when fastai calls it, the imported function never called; one the loading script defines itself takes its place"
+    w,called,saved = Watch(tmp_path),[],learner.loss_func
+    def imported(*args): called.append(args)  # a function of a module (this test's), as a star import brings one
+    main = sys.modules['__main__']
+    for name in ('run', 'load_learner', 'exec_eval'):
+        monkeypatch.setattr(main, name, imported, raising=False)
+        learner.loss_func = carried(name, f"def {name}(*x): os.system('touch {w.marker}')")
+        try: learner.export(tmp_path/'export.pkl')
+        finally: learner.loss_func = saved
+        inf = load_learner(tmp_path/'export.pkl')
+        with pytest.raises(UnsafeExportError, match=f'{name} carried as code'): inf.loss_func(torch.zeros(1), torch.zeros(1))
+        w.use(inf)
+    assert not called
+    w.check()
+    script = {'__name__': '__main__', 'called': called}
+    exec("def run(*x): called.append(x)", script)  # as the loading script defines it
+    own = script['run']
+    monkeypatch.setattr(main, 'run', own)
+    learner.loss_func = carried('run', 'def run(*x): return x')
+    try: learner.export(tmp_path/'export.pkl')
+    finally: learner.loss_func = saved
+    load_learner(tmp_path/'export.pkl').loss_func(torch.zeros(1), torch.zeros(1))
+    assert called
+
+def test_a_safe_load_reads_only_weights_after(learner, tmp_path):
+    "A Learner a default load made, fine-tuned with the exporter's `SaveModelCallback`: fastai's reload of the best model asks for `weights_only=False`; a file there holding a payload is refused by the weights-only read, and nothing runs; its own best model is saved and read again"
+    from fastai.callback.tracker import SaveModelCallback
+    from ddp_safe_fastai.testing import synth_learner
+    from ddp_safe_fastai.errors import CheckpointError
+    w = Watch(tmp_path)
+    learner.export(tmp_path/'export.pkl')
+    tamper(tmp_path/'export.pkl', lambda l: l.add_cb(SaveModelCallback(fname='best', every_epoch=False, at_end=False)))
+    inf = load_learner(tmp_path/'export.pkl')
+    assert inf.path == tmp_path and inf.model_dir == 'models'
+    inf.dls = synth_learner(path=tmp_path).dls
+    real_save = type(inf).save
+    def planted(self, file, **kwargs):  # the best model's file, replaced by one an attacker left there
+        (tmp_path/'models').mkdir(exist_ok=True)
+        torch.save(Reduce(os.system, f"touch {w.marker}"), tmp_path/'models'/f'{file}.pth')
+    type(inf).save = planted
+    try:
+        with pytest.raises(CheckpointError, match="best.pth: it holds objects that are not plain weights"):
+            with inf.no_bar(), inf.no_logging(): inf.fine_tune(1)
+    finally: type(inf).save = real_save
+    w.check()
+    inf2 = load_learner(tmp_path/'export.pkl')
+    inf2.dls = synth_learner(path=tmp_path).dls
+    with inf2.no_bar(), inf2.no_logging(): inf2.fine_tune(1)  # its own best model, saved and read again: weights
+    assert (tmp_path/'models'/'best.pth').exists()
+
+class Fetches:
+    "A class a user admits with `allow=`, whose `__setstate__` fetches a function by the name the file gives"
+    def __init__(self, name): self.name = name
+    def __getstate__(self): return {'name': self.name}
+    def __setstate__(self, state): self.f = getattr(os, state['name'])
+
+def test_a_function_the_load_did_not_hand_out(learner, tmp_path):
+    "A function in what the load built that its unpickler never handed out (here fetched by an admitted class's `__setstate__`, by a name the file chose): refused, never called"
+    w = Watch(tmp_path)
+    learner.payload = Fetches('system')
+    try: learner.export(tmp_path/'export.pkl')
+    finally: del learner.payload
+    with pytest.raises(UnsafeExportError, match=r'a Fetches\.f holds a builtin_function_or_method, which this load did not hand out'):
+        load_learner(tmp_path/'export.pkl', allow=[Fetches])
+    learner.payload = Fetches('getcwd')
+    try: learner.export(tmp_path/'export.pkl')
+    finally: del learner.payload
+    with pytest.raises(UnsafeExportError, match='which this load did not hand out'): load_learner(tmp_path/'export.pkl', allow=[Fetches])
+    w.check()
