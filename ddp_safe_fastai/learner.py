@@ -4,7 +4,7 @@
 
 # %% ../nbs/41_learner.ipynb #3bd49f32
 from __future__ import annotations
-import os, warnings
+import os, sys, warnings
 from functools import partial
 from pathlib import Path, PurePath
 import torch, cloudpickle
@@ -26,6 +26,10 @@ from .manifest import is_complete, read_manifest
 from .train_state import apply_model_state, model_state, read_training_state, step_tensors
 from .storage import file_place, storage_for
 from .checkpoint_dir import CheckpointDir
+
+# %% auto #0
+__all__ = ['model_file', 'load_device', 'model_device', 'load_learner', 'load_dataloaders', 'model_state', 'step_tensors',
+           'apply_model_state']
 
 # %% auto #0
 __all__ = ['model_file', 'load_device', 'model_device', 'load_learner', 'load_dataloaders', 'model_state', 'step_tensors',
@@ -122,17 +126,27 @@ def load(self:Learner,
     return self
 
 # %% ../nbs/41_learner.ipynb #42bcb1ef
+def _distributed_parts(learn):
+    "What `learn` holds only while it trains under DDP: fastai's `DistributedTrainer` (and its `Accelerator`), and the model's DDP wrapper"
+    dist = sys.modules.get('fastai.distributed')  # no such callback unless fastai's module was imported
+    cbs = [cb for cb in learn.cbs if dist is not None and isinstance(cb, dist.DistributedTrainer)]
+    model = learn.model.module if isinstance(learn.model, torch.nn.parallel.DistributedDataParallel) else learn.model
+    return cbs,model
+
 def _export_to(learn, file, pickle_module=cloudpickle, pickle_protocol=2):
-    "Pickle `learn` to `file` without its items and optimizer state, and give it back both, even on failure"
+    "Pickle `learn` to `file` without its items, its optimizer state and what only DDP training needs, and give it back all of them, even on failure"
     learn._end_cleanup()
     old_dls,learn.dls = learn.dls,learn.dls.new_empty()
     state = learn.opt.state_dict() if learn.opt is not None else None
     learn.opt = None
+    (distributed,model),old_model = _distributed_parts(learn),learn.model
+    learn.model = model
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), learn.removed_cbs(distributed):
             warnings.simplefilter("ignore") # PyTorch's warning about the model's source not being checked
             torch.save(learn, file, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
     finally:
+        learn.model = old_model
         learn.create_opt()
         if state is not None: learn.opt.load_state_dict(state)
         learn.dls = old_dls
@@ -150,7 +164,7 @@ def export(self:Learner,
            upload_timeout=1800, # with a URL `fname` or a `storage`: seconds the store may stay behind (an outage) before the export fails
            storage=None, # a `CheckpointStorage` to keep the file in, as `fname` (uploaded from a local copy in `self.path` where it is a store's)
            **kwargs):
-    "Export the content of `self` without the items and the optimizer state for inference, once, atomically"
+    "Export the content of `self` without the items, the optimizer state and what only DDP training needs (fastai's `DistributedTrainer`) for inference, once, atomically"
     write = partial(_export_to, self, pickle_module=pickle_module, pickle_protocol=pickle_protocol)
     local,where,name = file_place(fname, self.path, storage)
     if where is not None:

@@ -28,6 +28,11 @@ __all__ = ['EXPORT_POLICY', 'POLICY_RULE', 'Admitted', 'parse_policy', 'export_p
            'CarriedCode', 'CarriedFunction', 'ExportCheck', 'BuiltCheck', 'ExportUnpickler', 'ExportPickle',
            'pickle_module_for', 'pickle_of', 'export_uses', 'export_report']
 
+# %% auto #0
+__all__ = ['EXPORT_POLICY', 'POLICY_RULE', 'Admitted', 'parse_policy', 'export_policy', 'PolicyRule', 'admitted_by', 'StandIn',
+           'CarriedCode', 'CarriedFunction', 'ExportCheck', 'BuiltCheck', 'ExportUnpickler', 'ExportPickle',
+           'pickle_module_for', 'pickle_of', 'export_uses', 'export_report']
+
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e002
 @dataclass(frozen=True)
 class Admitted:
@@ -244,6 +249,7 @@ numpy ndarray refer
 pandas Index refer
 pandas RangeIndex refer
 pandas Series refer
+pandas Categorical refer
 pandas.arrays StringArray refer
 pathlib Path refer
 torch FloatStorage refer
@@ -256,6 +262,7 @@ typing Any refer
 torch._utils _rebuild_parameter call
 torch._utils _rebuild_tensor_v2 call
 # pandas' rebuilders of a frame's blocks and dtypes (a TabularPandas's table): arrays already loaded, put together
+pandas CategoricalDtype new
 pandas DataFrame new
 pandas StringDtype call
 pandas._libs.internals _unpickle_block call
@@ -463,6 +470,13 @@ def _named(module, name, py2_names):
     if py2_names: module,name = _py3_name(module, name)
     return _TORCH_RENAMED.get(module, module),name
 
+def _how_to_admit(module, name):
+    "What a refusal of `module.name` advises: to import its module first where `POLICY_RULE` would admit it then"
+    if module.startswith(POLICY_RULE.modules) and module not in sys.modules:
+        return (f"Import {module} before the load (the policy admits the classes of the fastai, torch, torchvision and timm modules "
+                f"the loading program has imported: `from fastai.vision.all import *` imports fastai's), or admit it: " + _HOW.format(name=f"{module}.{name}"))
+    return _HOW.format(name=f"{module}.{name}")
+
 def _refuse(what, at, how=None):
     raise UnsafeExportError(f"{what} (at {at}); nothing from the file was run. " + (how or "Load it with `trust=True` only if you trust its author"))
 
@@ -554,7 +568,7 @@ class ExportCheck(pickle.Unpickler):
         full = f"{module}.{name}"
         if (module, name) in self.allowed: return self.token(full, 'call', self.allowed[(module, name)])
         admitted = admitted_by(self.policy, module, name)
-        if admitted is None: return self.token(full, 'stand-in')
+        if admitted is None: return self.token(full, 'stand-in', how=_how_to_admit(module, name))
         if admitted.kind == 'guard': return self.token(full, 'guard', run=getattr(self, f"_guard_{name.rsplit('.', 1)[-1].strip('_')}"))
         real = self.imported[(module, name)] = _import(module, name)
         return self.token(full, admitted.kind, real)

@@ -1,5 +1,7 @@
 """A corpus of real fastai exports, made by this process as a user makes them: the five applications in seven variants,
-with metrics and callbacks, functions and lambdas defined in `__main__` (cloudpickle carries those by value).
+with metrics and callbacks, functions and lambdas defined in `__main__` (cloudpickle carries those by value); fastai's other
+metrics, losses, callbacks, blocks, optimizers and architectures, and torch's layers (`ordinary_vision`); a tabular
+regression and a collab model of layers.
 
     python export_corpus.py OUT   # OUT/{variant}.pkl, and OUT/corpus.json: each variant's sample input and prediction
 
@@ -41,6 +43,11 @@ def digit_files(path, n=60):
 def label_func(name): return name.split('_')[0]   # a named function of `__main__`: carried by value
 def centre_of(f): return tensor([[16., 16.]])  # a point on each image
 def mask_of(f): return f.parent.parent.parent/'masks'/f.name if f.parent.parent.name in ('train', 'valid') else f
+
+def multi_label(f): return [f.parent.name, 'even' if int(f.parent.name) % 2 == 0 else 'odd']
+def digit_value(f): return float(f.parent.name)
+def box_of(f): return [[2., 2., 20., 20.]]
+def box_label(f): return ['digit']
 
 def fit_and_export(learn, out, name, sample, predict=lambda l, x: l.predict(x)):
     "One short fit, then the export; what the exporting process predicts for `sample`"
@@ -89,6 +96,41 @@ def vision(out, path):
                                        lambda l, x: (l.predict(x)[0].flatten().tolist(), None, l.predict(x)[2]))
     return made, sample
 
+def ordinary_vision(out, path, files):
+    "Exports of fastai's other metrics, losses, callbacks, blocks, optimizers and architectures, and of torch's layers, as users make them"
+    from fastai.vision.all import (ImageDataLoaders, Resize, vision_learner, resnet18, densenet121, xresnet18, DataBlock, ImageBlock,
+                                   MultiCategoryBlock, RegressionBlock, BBoxBlock, BBoxLblBlock, F1Score, Precision, LabelSmoothingCrossEntropyFlat,
+                                   FocalLossFlat, GradientAccumulation, SGD, ranger, QHAdam, accuracy_multi, MSELossFlat)
+    folder = lambda: ImageDataLoaders.from_folder(path/'digits', train='train', valid='valid', bs=8, num_workers=0, item_tfms=Resize(32))
+    block = lambda y, get_y: DataBlock(blocks=(ImageBlock, y), get_y=get_y, item_tfms=Resize(32)).dataloaders(files, bs=8, num_workers=0)
+    learners = {
+        'metric_f1_precision': lambda: vision_learner(folder(), resnet18, pretrained=False, metrics=[F1Score(average='macro'), Precision(average='macro')]),
+        'loss_label_smoothing': lambda: vision_learner(folder(), resnet18, pretrained=False, loss_func=LabelSmoothingCrossEntropyFlat()),
+        'loss_focal': lambda: vision_learner(folder(), resnet18, pretrained=False, loss_func=FocalLossFlat()),
+        'callback_mixed_precision': lambda: vision_learner(folder(), resnet18, pretrained=False, metrics=accuracy).to_fp16(),
+        'callback_gradient_accumulation': lambda: vision_learner(folder(), resnet18, pretrained=False, cbs=GradientAccumulation(16)),
+        'arch_densenet': lambda: vision_learner(folder(), densenet121, pretrained=False),
+        'arch_xresnet_mish': lambda: Learner(folder(), xresnet18(n_out=10, act_cls=nn.Mish), metrics=accuracy),  # fastai's train_imagenette.py
+        'torch_sequential': lambda: Learner(folder(), nn.Sequential(nn.Flatten(), nn.Linear(3*32*32, 10)), metrics=accuracy),
+        'opt_sgd': lambda: vision_learner(folder(), resnet18, pretrained=False, opt_func=SGD),
+        'opt_ranger': lambda: vision_learner(folder(), resnet18, pretrained=False, opt_func=ranger),
+        'opt_qhadam': lambda: vision_learner(folder(), resnet18, pretrained=False, opt_func=QHAdam),
+        'block_name_re': lambda: vision_learner(ImageDataLoaders.from_name_re(path, files, r'(\d+)_\d+\.png$', item_tfms=Resize(32), bs=8, num_workers=0),
+                                                resnet18, pretrained=False),
+        'block_multi_category': lambda: vision_learner(block(MultiCategoryBlock, multi_label), resnet18, pretrained=False,
+                                                       metrics=partial(accuracy_multi, thresh=0.5)),
+        'block_regression': lambda: vision_learner(block(RegressionBlock, digit_value), resnet18, pretrained=False)}
+    made = {}
+    for name,make in learners.items():
+        set_seed(1)
+        made[name] = fit_and_export(make(), out, name, str(files[0]))
+    set_seed(1)  # boxes: no fit (a model of its own for them), the predictions of a test DataLoader
+    boxes = DataBlock(blocks=(ImageBlock, BBoxBlock, BBoxLblBlock), get_y=[box_of, box_label], item_tfms=Resize(32), n_inp=1)
+    learn = Learner(boxes.dataloaders(files, bs=8, num_workers=0), nn.Sequential(nn.Flatten(), nn.Linear(3*32*32, 4)), loss_func=MSELossFlat())
+    learn.export(Path(out).absolute()/'block_bbox.pkl'); learn.dls.save(Path(out).absolute()/'block_bbox_dls.pkl')
+    made['block_bbox'] = dict(pred='None', probs=[round(float(p), 4) for p in learn.get_preds(dl=learn.dls.test_dl([files[0]], before_batch=noop))[0].flatten()[:8]])
+    return made
+
 def tabular(out, path):
     from sklearn.datasets import load_breast_cancer
     df = load_breast_cancer(as_frame=True).frame
@@ -99,7 +141,14 @@ def tabular(out, path):
     dls = TabularDataLoaders.from_df(df, path, procs=[Categorify, FillMissing, Normalize], cat_names=['size'],
                                      cont_names=cont, y_names='diagnosis', valid_idx=list(range(0, len(df), 5)), bs=32)
     learn = tabular_learner(dls, layers=[16, 8], metrics=accuracy, cbs=[CheckpointCallback()])
-    return fit_and_export(learn, out, 'tabular', df.iloc[0], lambda l, x: (l.predict(x)[1], None, l.predict(x)[2])), df.iloc[0].to_dict()
+    made = {'tabular': fit_and_export(learn, out, 'tabular', df.iloc[0], lambda l, x: (l.predict(x)[1], None, l.predict(x)[2]))}
+    set_seed(1)  # a regression on the same table
+    dls = TabularDataLoaders.from_df(df, path, procs=[Categorify, Normalize], cat_names=['size'], cont_names=cont[1:], y_names=cont[0],
+                                     y_block=RegressionBlock(), valid_idx=list(range(0, len(df), 5)), bs=32)
+    row = df.iloc[0].drop(cont[0])  # what a user predicts for: the features, not the target
+    made['tabular_regression'] = fit_and_export(tabular_learner(dls, layers=[8], metrics=rmse), out, 'tabular_regression', row,
+                                                lambda l, x: (l.predict(x)[1], None, l.predict(x)[2]))
+    return made, {'tabular': df.iloc[0].to_dict(), 'tabular_regression': row.to_dict()}
 
 def collab(out, path):
     rng = np.random.default_rng(0)
@@ -112,8 +161,10 @@ def collab(out, path):
     def predict(l, x):
         p = l.get_preds(dl=l.dls.test_dl(x))[0]
         return (None, None, p)
-    res = fit_and_export(learn, out, 'collab', sample, predict)
-    return res, sample.to_dict('list')
+    made = {'collab': fit_and_export(learn, out, 'collab', sample, predict)}
+    set_seed(1)
+    made['collab_nn'] = fit_and_export(collab_learner(dls, use_nn=True, layers=[8], y_range=(0.5, 5.5)), out, 'collab_nn', sample, predict)
+    return made, {k: sample.to_dict('list') for k in made}
 
 def text(out, path):
     from pydoc_data.topics import topics
@@ -133,9 +184,11 @@ if __name__ == '__main__':
     made, samples = {}, {}
     if torchvision_imports():
         images,sample = vision(out, work)
+        images.update(ordinary_vision(out, work, digit_files(work/'digits')))
         made.update(images); samples.update({k: sample for k in images})
-    made['tabular'],samples['tabular'] = tabular(out, work)
-    made['collab'],samples['collab'] = collab(out, work)
+    for application in tabular, collab:
+        res,sample = application(out, work)
+        made.update(res); samples.update(sample)
     made['text'],samples['text'] = text(out, work)
     import fastai, fastcore
     (out/'corpus.json').write_text(json.dumps(dict(fastai=fastai.__version__, fastcore=fastcore.__version__, torch=torch.__version__,

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.xdist_group('safe_load')  # one corpus, made once
 def corpus(tmp_path_factory):
     "The exports of `export_corpus.py`, made by a process of their own, and what it predicted"
     out = tmp_path_factory.mktemp('corpus')
-    r = subprocess.run([sys.executable, HERE/'export_corpus.py', out], capture_output=True, text=True, timeout=900, cwd=out)
+    r = subprocess.run([sys.executable, HERE/'export_corpus.py', out], capture_output=True, text=True, timeout=1500, cwd=out)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out, json.loads((out/'corpus.json').read_text())
 
@@ -24,18 +24,23 @@ def exports_globals(files):
     "Every global the pickles of `files` name, as (module, name), read with pickletools: nothing run"
     return {k for f in files for k in export_uses(pickle_of(f))[0]}
 
+VISION = {'vision_name_func', 'vision_lambda', 'vision_folders', 'vision_xresnet', 'segmentation', 'keypoints', 'metric_f1_precision',
+          'loss_label_smoothing', 'loss_focal', 'callback_mixed_precision', 'callback_gradient_accumulation', 'arch_densenet',
+          'arch_xresnet_mish', 'torch_sequential', 'opt_sgd', 'opt_ranger', 'opt_qhadam', 'block_name_re', 'block_multi_category',
+          'block_regression', 'block_bbox'}
+
 @pytest.mark.parametrize('mode', ['define', 'none'])
 def test_corpus_loads_and_predicts(corpus, mode):
-    "Each export of the corpus, loaded by default in a script of its own (defining the exporter's functions in `__main__`, or none): the exporter's prediction; the DataLoaders load too"
+    "Each export of the corpus, loaded by default in a script of its own (defining the exporter's functions in `__main__`, or none): the exporter's prediction; the DataLoaders load too; with the functions defined, given those DataLoaders, it fine-tunes"
     out,made = corpus
-    r = subprocess.run([sys.executable, HERE/'load_corpus.py', out, mode], capture_output=True, text=True, timeout=900, cwd=out)
+    r = subprocess.run([sys.executable, HERE/'load_corpus.py', out, mode], capture_output=True, text=True, timeout=1500, cwd=out)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     loaded = json.loads((out/f'loaded-{mode}.json').read_text())
-    expected = {'vision_name_func', 'vision_lambda', 'vision_folders', 'vision_xresnet', 'segmentation', 'keypoints'} if made['vision'] else set()
-    assert set(loaded) == expected | {'tabular', 'collab', 'text'}
+    assert set(loaded) == (VISION if made['vision'] else set()) | {'tabular', 'tabular_regression', 'collab', 'collab_nn', 'text'}
     for name,res in loaded.items():
         assert 'error' not in res, (name, res)
         assert res['predicted'] == made['made'][name], (name, res['predicted'], made['made'][name])
+        if mode == 'define': assert res.get('trained') or name in ('block_bbox', 'vision_lambda', 'keypoints'), (name, res)
     if made['vision']:
         assert loaded['vision_folders']['label'] == '3'  # fastai's `parent_label`: admitted
         # the exporter's label function, carried as code: the loading script's own where it defines one, else a stand-in
@@ -44,7 +49,9 @@ def test_corpus_loads_and_predicts(corpus, mode):
 
 def test_policy_is_the_corpus(corpus):
     "Every global the corpus names is admitted, by the policy or its rule, or is the exporter's own (`__main__`); every entry resolves to a class or function"
-    out,_ = corpus
+    out,made = corpus
+    for m in ('fastai.tabular.all', 'fastai.collab', 'fastai.text.all') + (('fastai.vision.all',) if made['vision'] else ()):
+        importlib.import_module(m)  # what the loading script imports (the rule admits the classes of modules imported)
     named = exports_globals(sorted(out.glob('*.pkl')))
     policy = export_policy()
     assert {(m, n) for m,n in named if m != '__main__' and admitted_by(policy, m, n) is None} == set()
@@ -238,6 +245,24 @@ def test_refused_on_every_rank(tmp_path):
     said = values(ranks(refused_on_every_rank, str(tmp_path)))
     assert said[0] == said[1] and 'posix.system' in said[0], said
     assert not (tmp_path/'ran').exists()
+
+def exported_inside_distrib_ctx(root):
+    "A DDP fit inside fastai's `distrib_ctx`, then the export and its default load on every rank, still inside it"
+    from ddp_safe_fastai.testing import synth_learner
+    importlib.import_module('fastai.distributed')  # `Learner.distrib_ctx`
+    learn = synth_learner(path=root)
+    with learn.distrib_ctx():
+        with learn.no_bar(), learn.no_logging(): learn.fit(1)
+        learn.export('inside.pkl')
+        inf = load_learner(Path(root)/'inside.pkl')
+        still = [type(cb).__name__ for cb in learn.cbs]
+    x = torch.tensor([0.5, 0.5, 0.5, 0.5])
+    return dict(loaded=[type(cb).__name__ for cb in inf.cbs], kept=still, same=float(inf.predict(x)[0][0]) == float(learn.predict(x)[0][0]))
+
+def test_export_inside_distrib_ctx_loads(tmp_path):
+    "An export made inside `distrib_ctx` right after a DDP fit loads by default on every rank and predicts as the Learner does: it leaves out what only DDP training needs (fastai's `DistributedTrainer` and its `Accelerator`), which the Learner keeps"
+    for res in values(ranks(exported_inside_distrib_ctx, str(tmp_path), init=False)):
+        assert 'DistributedTrainer' not in res['loaded'] and 'DistributedTrainer' in res['kept'] and res['same'], res
 
 def test_unlisted_module_never_imported(learner, tmp_path, monkeypatch):
     "A global of a module outside the policy that the file only refers to: a stand-in, and the module (whose import would run its code) never imported"
