@@ -33,6 +33,16 @@ __all__ = ['EXPORT_POLICY', 'POLICY_RULE', 'Admitted', 'parse_policy', 'export_p
            'CarriedCode', 'CarriedFunction', 'ExportCheck', 'BuiltCheck', 'ExportUnpickler', 'ExportPickle',
            'pickle_module_for', 'pickle_of', 'export_uses', 'export_report']
 
+# %% auto #0
+__all__ = ['EXPORT_POLICY', 'POLICY_RULE', 'Admitted', 'parse_policy', 'export_policy', 'PolicyRule', 'admitted_by', 'StandIn',
+           'CarriedCode', 'CarriedFunction', 'ExportCheck', 'BuiltCheck', 'ExportUnpickler', 'ExportPickle',
+           'pickle_module_for', 'pickle_of', 'export_uses', 'export_report']
+
+# %% auto #0
+__all__ = ['EXPORT_POLICY', 'POLICY_RULE', 'Admitted', 'parse_policy', 'export_policy', 'PolicyRule', 'admitted_by', 'StandIn',
+           'CarriedCode', 'CarriedFunction', 'ExportCheck', 'BuiltCheck', 'ExportUnpickler', 'ExportPickle',
+           'pickle_module_for', 'pickle_of', 'export_uses', 'export_report']
+
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e002
 @dataclass(frozen=True)
 class Admitted:
@@ -719,6 +729,17 @@ _LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), range, 
            np.dtype, np.generic, enum.Enum, re.Pattern, random.Random)
 _ROUTINES = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType,
              types.MethodWrapperType, classmethod, staticmethod, functools.partialmethod, type)
+_PLAIN,_CONTAINERS = {str, int, float, bool, type(None), bytes},{dict, list, tuple, set, frozenset, collections.OrderedDict}  # the commonest, by exact type: the walk's fast path
+_CALLABLES = _ROUTINES + (functools.partial, types.MethodType)  # and `StandIn`, `CarriedFunction`: see `_walk_kind`
+
+@functools.lru_cache(maxsize=4096)
+def _walk_kind(tp):
+    "What `BuiltCheck` does with an object of the type `tp`: 'leaf' (nothing), 'routine' (checked where it is held), 'items' (a container's), 'tensor', 'array' or 'object' (its state)"
+    if issubclass(tp, _LEAVES): return 'leaf'
+    if issubclass(tp, _CALLABLES + (StandIn, CarriedFunction)): return 'routine'
+    if issubclass(tp, (dict, list, tuple, set, frozenset, collections.deque)): return 'items'
+    return 'tensor' if issubclass(tp, torch.Tensor) else 'array' if issubclass(tp, np.ndarray) else 'object'
+
 _MODULE_PARTS = {'_modules': torch.nn.Module, '_parameters': torch.Tensor, '_buffers': torch.Tensor}  # what `Module.__getattr__` hands out
 
 def _is_a(obj, full):
@@ -728,59 +749,63 @@ def _is_a(obj, full):
 class BuiltCheck:
     "The check of what an `ExportUnpickler` built, before it is handed back: each object's state against its class, each callable where it may be called"
     def __init__(self, unpickler): # what it handed the file, and its policy's marks
-        self.u,self.stored,self.expanded = unpickler,{},0 # {storage's address: bytes}; the bytes of views larger than their storage
+        self.u,self.tensors,self.expanded = unpickler,[],0 # the tensors it met; the bytes of views larger than their storage
     def __call__(self, root):
         "`root`, once every object it reaches has passed; else an `UnsafeExportError` naming what holds what"
         seen,todo = set(),[(root, None, None)]
         while todo:
             obj,owner,attr = todo.pop()
-            if isinstance(obj, _LEAVES): continue
-            if isinstance(obj, _ROUTINES + (functools.partial, types.MethodType, StandIn, CarriedFunction)): self.callable(obj, owner, attr)
+            kind = _walk_kind(type(obj))
+            if kind == 'leaf' or kind == 'items' and not obj: continue
+            if kind == 'routine': self.callable(obj, owner, attr)
             if id(obj) in seen: continue
             seen.add(id(obj))
-            todo.extend(self.parts(obj, owner, attr))
-        if self.expanded > max(sum(self.stored.values()), 1 << 20):
-            self.refuse(None, None, f"views of {self.expanded} bytes over {sum(self.stored.values())} bytes of storage: at most as much as it stores, or a MiB")
+            todo.extend(self.parts(obj, kind, owner, attr))
+        if self.expanded > 1 << 20 and self.expanded > (stored := self.stored()):
+            self.refuse(None, None, f"views of {self.expanded} bytes over {stored} bytes of storage: at most as much as it stores, or a MiB")
         return root
 
     def refuse(self, owner, attr, what):
         self.u.refuse(f"{'the export' if owner is None else f'a {type(owner).__name__}'}{'' if attr is None else f'.{attr}'} holds {what}")
 
-    def parts(self, obj, owner, attr):
-        "What `obj` holds, each with where it is held: a container's items where the container is, an object's attributes at their names"
-        if isinstance(obj, dict):
-            if isinstance(obj, collections.defaultdict) and obj.default_factory is not None: yield obj.default_factory,owner,attr
-            for k,v in obj.items(): yield k,owner,attr; yield v,owner,attr
-        elif isinstance(obj, (list, tuple, set, frozenset, collections.deque)): yield from ((o, owner, attr) for o in obj)
-        elif isinstance(obj, (functools.partial, types.MethodType, StandIn, CarriedFunction)) or isinstance(obj, _ROUTINES): return
-        elif isinstance(obj, torch.Tensor): yield from self.tensor(obj)
-        elif isinstance(obj, np.ndarray):
-            if obj.dtype.hasobject: yield from ((o, owner, attr) for o in obj.ravel().tolist())
-        else: yield from self.attributes(obj)
+    def parts(self, obj, kind, owner, attr):
+        "What `obj` holds, each with where it is held: a container's items (a partial's arguments, a method's object) where the container is, an object's attributes at their names"
+        if kind == 'items':
+            if not isinstance(obj, dict): return [(o, owner, attr) for o in obj]
+            factory = [(obj.default_factory, owner, attr)] if isinstance(obj, collections.defaultdict) else []
+            return factory + [(o, owner, attr) for kv in obj.items() for o in kv]
+        if kind == 'routine':
+            if isinstance(obj, functools.partial): return [(o, owner, attr) for o in (*obj.args, *obj.keywords.values(), *vars(obj).values())]
+            return [(obj.__self__, owner, attr)] if isinstance(obj, types.MethodType) else []
+        if kind == 'tensor': return self.tensor(obj)
+        if kind == 'array': return [(o, owner, attr) for o in obj.ravel().tolist()] if obj.dtype.hasobject else []
+        return self.attributes(obj)
 
     def tensor(self, t):
-        "A tensor's storage counted, and a view larger than its storage (an expanded one) too; its attributes and hooks"
-        if t.layout == torch.strided:
-            storage = t.untyped_storage()
-            self.stored[storage.data_ptr()] = storage.nbytes()
-            if t.numel() * t.element_size() > storage.nbytes(): self.expanded += t.numel() * t.element_size()
-        yield from ((v, t, k) for k,v in vars(t).items())
-        if t._backward_hooks: yield t._backward_hooks,t,'_backward_hooks'
+        "A tensor kept (its storage counted if need be), and the bytes of a view larger than its storage (an expanded one: never a contiguous tensor); its attributes and hooks"
+        self.tensors.append(t)
+        if t.layout == torch.strided and not t.is_contiguous() and t.numel() * t.element_size() > t.untyped_storage().nbytes():
+            self.expanded += t.numel() * t.element_size()
+        return [(v, t, k) for k,v in t.__dict__.items()] + ([(t._backward_hooks, t, '_backward_hooks')] if t._backward_hooks else [])
+
+    def stored(self):
+        "The bytes of the storages of the tensors it met, each storage once"
+        return sum({s.data_ptr(): s.nbytes() for s in (t.untyped_storage() for t in self.tensors if t.layout == torch.strided)}.values())
 
     def attributes(self, obj):
         "An object's state: no method of its class shadowed, fastcore's delegation only as its class sets it, a module's parts of their kinds"
         state,cls = getattr(obj, '__dict__', None),type(obj)
-        if not isinstance(state, dict): return
-        for k,v in state.items():
-            if isinstance(k, str) and (isinstance(inspect.getattr_static(cls, k, None), _ROUTINES) or k in getattr(cls, '_methods', ())): self.shadowing(obj, k, v)
-            if k in _MODULE_PARTS and isinstance(obj, torch.nn.Module) and isinstance(v, dict):
-                if any(o is not None and not isinstance(o, _MODULE_PARTS[k]) for o in v.values()): self.refuse(obj, k, f"what is no {_MODULE_PARTS[k].__name__}")
-            yield v,obj,k
+        if not isinstance(state, dict): return []
+        for k in _method_names(cls, tuple(len(vars(k)) for k in cls.__mro__)) & state.keys(): self.shadowing(obj, k, state[k])
+        if isinstance(obj, torch.nn.Module):
+            for k,kind in _MODULE_PARTS.items():
+                if any(o is not None and not isinstance(o, kind) for o in state.get(k, {}).values()): self.refuse(obj, k, f"what is no {kind.__name__}")
         if isinstance(obj, GetAttr):
             if state.get('_default', cls._default) != cls._default: self.refuse(obj, '_default', f"{state['_default']!r}: its delegation is its class's")
             to = state.get(cls._default)
             if not (to is None or isinstance(to, (list, tuple, dict)) or self.built(to)):
                 self.refuse(obj, cls._default, f"a {type(to).__name__}, to which it would hand its attributes")
+        return [(v, obj, k) for k,v in state.items() if not (type(v) in _PLAIN or type(v) in _CONTAINERS and not v)]
 
     def built(self, obj):
         "Is `obj` an instance of a class the policy lets the file build (not a routine, a value type or a stand-in)?"
@@ -844,6 +869,13 @@ class BuiltCheck:
             self.refuse(owner, attr, f"{name}, which the policy admits only {_ONLY[mark.partition(':')[0]]}{mark.partition(':')[2]}")
 
 _ONLY = {'at': 'as the attribute ', 'bound': 'bound to a ', 'partial': "as a partial's function"}
+
+@functools.lru_cache(maxsize=4096)
+def _method_names(cls, sizes):
+    "The names an instance of `cls` finds routines under (the first class of its MRO that has the name decides), and fastcore's `funcs_kwargs` slots; `sizes`, of its classes' namespaces, makes a patched class a new entry"
+    found = {}
+    for k in reversed(cls.__mro__): found.update(vars(k))
+    return frozenset(n for n,v in found.items() if isinstance(v, _ROUTINES)) | frozenset(getattr(cls, '_methods', ()))
 
 def _function_of(attr):
     "The function a class attribute calls: a classmethod's or staticmethod's, or the attribute itself"
