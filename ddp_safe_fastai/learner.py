@@ -31,14 +31,6 @@ from .checkpoint_dir import CheckpointDir
 __all__ = ['model_file', 'load_device', 'model_device', 'load_learner', 'load_dataloaders', 'model_state', 'step_tensors',
            'apply_model_state']
 
-# %% auto #0
-__all__ = ['model_file', 'load_device', 'model_device', 'load_learner', 'load_dataloaders', 'model_state', 'step_tensors',
-           'apply_model_state']
-
-# %% auto #0
-__all__ = ['model_file', 'load_device', 'model_device', 'load_learner', 'load_dataloaders', 'model_state', 'step_tensors',
-           'apply_model_state']
-
 # %% ../nbs/41_learner.ipynb #be4cad9d
 def _is_buffer(file):
     "Is `file` an open file or buffer (`io.BytesIO`), which each process saves to and loads from alone, as in fastai?"
@@ -177,8 +169,8 @@ def export(self:Learner,
 _fastai_load_learner = fastai_original(fastai.learner, 'load_learner')
 
 def _inside(place):
-    "Is `place` (a str or a path) a name inside a folder: relative, without '..', no URL?"
-    return isinstance(place, (str, PurePath)) and '://' not in str(place) and not Path(place).is_absolute() and '..' not in Path(place).parts
+    "Is `place` (a str or a path) a name inside a folder (relative, without '..'), or a URL of object storage (a `CheckpointCallback`'s bucket, written only with the credentials you give)?"
+    return isinstance(place, (str, PurePath)) and ('://' in str(place) or not Path(place).is_absolute() and '..' not in Path(place).parts)
 
 def _settle_export(learn, file):
     "A `Learner` a default `load_learner` read from `file`: its folder is the file's, what it saves stays inside it, it reads its weights with `weights_only`, and each callback serves it"
@@ -189,12 +181,12 @@ def _settle_export(learn, file):
     learn.path,learn.exported_from = Path(file).parent if isinstance(file, (str, os.PathLike)) else Path('.'),file
     return learn
 
-def _without_pickle_warning(read):
-    "`read`, without fastai's warning that the load may run any code (this one runs none from the file), then `_settle_export`"
-    def read_export(file):
+def _without_pickle_warning(read, fname):
+    "`read`, without fastai's warning that the load may run any code (this one runs none from the file), then `_settle_export` as of `fname`"
+    def read_export(file): # `fname`, or the bytes of rank 0's copy of it
         with warnings.catch_warnings():
             warnings.filterwarnings('ignore', message="load_learner` uses Python's insecure pickle")
-            return _settle_export(read(file), file)
+            return _settle_export(read(file), fname)
     return read_export
 
 @delegates(read_on_all, but='read,what,scope')
@@ -206,7 +198,7 @@ def load_learner(fname, # the exported file
                  **kwargs):
     "Load a `Learner` exported with `Learner.export`, on every rank, fresh and whole, importing and running only what fastai's exports need and `allow` names (everything with `trust`)"
     read = partial(_fastai_load_learner, cpu=cpu, pickle_module=pickle_module_for('load_learner', trust, allow, pickle_module))
-    return read_on_all(fname, read if trust else _without_pickle_warning(read), 'load_learner', **kwargs)
+    return read_on_all(fname, read if trust else _without_pickle_warning(read, fname), 'load_learner', **kwargs)
 
 rebind_fastai(fastai.learner, 'load_learner', load_learner)
 

@@ -14,31 +14,6 @@ from fastcore.basics import GetAttr
 from .errors import UnsafeExportError
 
 # %% auto #0
-__all__ = ['EXPORT_POLICY', 'Admitted', 'parse_policy', 'export_policy', 'StandIn', 'CarriedCode', 'CarriedFunction',
-           'ExportCheck', 'ExportUnpickler', 'ExportPickle', 'pickle_module_for', 'pickle_of', 'export_uses',
-           'export_report']
-
-# %% auto #0
-__all__ = ['EXPORT_POLICY', 'Admitted', 'parse_policy', 'export_policy', 'StandIn', 'CarriedCode', 'CarriedFunction',
-           'ExportCheck', 'BuiltCheck', 'ExportUnpickler', 'ExportPickle', 'pickle_module_for', 'pickle_of',
-           'export_uses', 'export_report']
-
-# %% auto #0
-__all__ = ['EXPORT_POLICY', 'POLICY_RULE', 'Admitted', 'parse_policy', 'export_policy', 'PolicyRule', 'admitted_by', 'StandIn',
-           'CarriedCode', 'CarriedFunction', 'ExportCheck', 'BuiltCheck', 'ExportUnpickler', 'ExportPickle',
-           'pickle_module_for', 'pickle_of', 'export_uses', 'export_report']
-
-# %% auto #0
-__all__ = ['EXPORT_POLICY', 'POLICY_RULE', 'Admitted', 'parse_policy', 'export_policy', 'PolicyRule', 'admitted_by', 'StandIn',
-           'CarriedCode', 'CarriedFunction', 'ExportCheck', 'BuiltCheck', 'ExportUnpickler', 'ExportPickle',
-           'pickle_module_for', 'pickle_of', 'export_uses', 'export_report']
-
-# %% auto #0
-__all__ = ['EXPORT_POLICY', 'POLICY_RULE', 'Admitted', 'parse_policy', 'export_policy', 'PolicyRule', 'admitted_by', 'StandIn',
-           'CarriedCode', 'CarriedFunction', 'ExportCheck', 'BuiltCheck', 'ExportUnpickler', 'ExportPickle',
-           'pickle_module_for', 'pickle_of', 'export_uses', 'export_report']
-
-# %% auto #0
 __all__ = ['EXPORT_POLICY', 'POLICY_RULE', 'Admitted', 'parse_policy', 'export_policy', 'PolicyRule', 'admitted_by', 'StandIn',
            'CarriedCode', 'CarriedFunction', 'ExportCheck', 'BuiltCheck', 'ExportUnpickler', 'ExportPickle',
            'pickle_module_for', 'pickle_of', 'export_uses', 'export_report']
