@@ -811,9 +811,12 @@ class BuiltCheck:
         if isinstance(f, StandIn): return
         name,kind = self.u.kind(f)
         if not isinstance(f, CarriedFunction) and kind is None: self.refuse(owner, attr, f"{self.named(f)}, which this load did not hand out")
-        mark = self.u.marks.get(id(f))
+        self.where_marked(self.named(f), self.u.marks.get(id(f)), owner, attr)
+
+    def where_marked(self, name, mark, owner, attr):
+        "Refuse `name` at `owner.attr` unless its policy's mark (if any) lets it be held there"
         if mark is None or mark == 'plain' or self.placed(mark, owner, attr): return
-        self.refuse(owner, attr, f"{self.named(f)}, which the policy admits only {_ONLY[mark.partition(':')[0]]}{mark.partition(':')[2]}")
+        self.refuse(owner, attr, f"{name}, which the policy admits only {_ONLY[mark.partition(':')[0]]}{mark.partition(':')[2]}")
 
     def partial(self, p, owner, attr):
         "`partial(f, ...)`: `f` a function the policy refers to, given the file's arguments only where its mark allows (fastcore's `using_attr`: a public attribute's name)"
@@ -824,8 +827,6 @@ class BuiltCheck:
         if mark == 'partial':
             if not (len(p.args) == 2 and not p.keywords and isinstance(p.args[1], str) and p.args[1].isidentifier() and not p.args[1].startswith('_')):
                 self.refuse(owner, attr, f"partial({name}, {', '.join(map(repr, p.args))}): only a function and a public attribute's name")
-        for a in (*p.args, *p.keywords.values()):
-            if isinstance(a, _ROUTINES + (functools.partial, types.MethodType, CarriedFunction)): self.callable(a, owner, attr)
 
     def method(self, m, owner, attr):
         "A method bound to an object: a function this load handed out, of that object's own class (or of the class its `bound:` mark names)"
@@ -840,8 +841,7 @@ class BuiltCheck:
         cls,f = obj if isinstance(obj, type) else type(obj),f.target if isinstance(f, CarriedFunction) else f
         if f is not None and not issubclass(cls, _defining_class(f)):
             self.refuse(owner, attr, f"{name or self.named(m.__func__)} bound to a {cls.__name__}: only to an instance of the class that defines it")
-        if mark is not None and mark != 'plain' and not self.placed(mark, owner, attr):
-            self.refuse(owner, attr, f"{name}, which the policy admits only {_ONLY[mark.partition(':')[0]]}{mark.partition(':')[2]}")
+        self.where_marked(name, mark, owner, attr)
 
 _ONLY = {'at': 'as the attribute ', 'bound': 'bound to a ', 'partial': "as a partial's function"}
 
