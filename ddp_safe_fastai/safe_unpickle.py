@@ -719,7 +719,7 @@ _MODULE_PARTS = {'_modules': torch.nn.Module, '_parameters': torch.Tensor, '_buf
 
 def _is_a(obj, full):
     "Is `obj` an instance of the class named `full` (module and qualified name), or of a subclass?"
-    return any(f"{k.__module__}.{k.__qualname__}" == full for k in type(obj).__mro__)
+    return any(_full(k) == full for k in type(obj).__mro__)
 
 class BuiltCheck:
     "The check of what an `ExportUnpickler` built, before it is handed back: each object's state against its class, each callable where it may be called"
@@ -784,7 +784,7 @@ class BuiltCheck:
 
     def built(self, obj):
         "Is `obj` an instance of a class the policy lets the file build (not a routine, a value type or a stand-in)?"
-        return not isinstance(obj, _ROUTINES + _LEAVES + (functools.partial, types.MethodType, StandIn, CarriedFunction)) and self.u.kind(type(obj))[1] in ('new', 'call')
+        return _walk_kind(type(obj)) not in ('leaf', 'routine') and self.u.kind(type(obj))[1] in ('new', 'call')
 
     def shadowing(self, obj, k, v):
         "A state key named like a method of the class, or one of fastcore's `funcs_kwargs` slots (`_methods`: a callback's events): an object the load built there, the object's own method, a function the policy places there, or the loading program's own (a function carried as code)"
