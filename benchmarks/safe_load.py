@@ -1,4 +1,4 @@
-"""The cost of `load_learner`'s safe default: a vision export of about 90 MB (`tests/export_corpus.py`'s
+"""The cost of `load_learner`'s safe default: a vision export of about 90 MB (`tools/export_corpus.py`'s
 `vision_folders`: resnet34, the augmentations of fastai's defaults), loaded with `safe_unpickle`'s `ExportUnpickler`
 and with fastai's own `load_learner` (`pickle`), each once untimed, then interleaved, 5 of each; their medians and their
 ratio. Not part of the tests; run `../.venv-latest/bin/python safe_load.py` from here."""
@@ -16,7 +16,7 @@ def settle(trim=getattr(ctypes.CDLL(ctypes.util.find_library('c')), 'malloc_trim
 def main(runs=5):
     warnings.filterwarnings('ignore')
     with tempfile.TemporaryDirectory() as d:
-        subprocess.run([sys.executable, Path(__file__).parent.parent/'tests'/'export_corpus.py', d], check=True, capture_output=True, cwd=d)
+        subprocess.run([sys.executable, Path(__file__).parent.parent/'tools'/'export_corpus.py', d], check=True, capture_output=True, cwd=d)
         f = Path(d)/'vision_folders.pkl'
         safe,fastai_load = [],[]
         load_learner(f); _fastai_load_learner(f, pickle_module=pickle)  # each once, untimed: the first load of a process imports and warms up

@@ -28,8 +28,8 @@ from .storage import file_place, storage_for
 from .checkpoint_dir import CheckpointDir
 
 # %% auto #0
-__all__ = ['model_file', 'load_device', 'model_device', 'load_learner', 'load_dataloaders', 'model_state', 'step_tensors',
-           'apply_model_state']
+__all__ = ['model_file', 'load_device', 'model_device', 'check_exported_learner', 'load_learner', 'load_dataloaders',
+           'model_state', 'step_tensors', 'apply_model_state']
 
 # %% ../nbs/41_learner.ipynb #be4cad9d
 def _is_buffer(file):
@@ -172,12 +172,18 @@ def _inside(place):
     "Is `place` (a str or a path) a name inside a folder (relative, without '..'), or a URL of object storage (a `CheckpointCallback`'s bucket, written only with the credentials you give)?"
     return isinstance(place, (str, PurePath)) and ('://' in str(place) or not Path(place).is_absolute() and '..' not in Path(place).parts)
 
-def _settle_export(learn, file):
-    "A `Learner` a default `load_learner` read from `file`: its folder is the file's, what it saves stays inside it, it reads its weights with `weights_only`, and each callback serves it"
-    if not _inside(learn.model_dir): raise UnsafeExportError(f"load_learner {file}: its model_dir {learn.model_dir!r} is not a folder inside the Learner's")
-    for cb in learn.cbs:
-        if vars(cb).get('learn', learn) is not learn: raise UnsafeExportError(f"load_learner {file}: its {type(cb).__name__} serves another Learner")
+def check_exported_learner(obj, # what a default load built, once `BuiltCheck` has passed it
+                           file): # the file it read, for messages
+    "`obj`, where it is no `Learner`, or a `Learner` whose saves stay inside its folder and whose callbacks each serve it; else an `UnsafeExportError`. The default load's own check, after `BuiltCheck` (see `pickle_module_for`'s `then`)"
+    if not isinstance(obj, Learner): return obj
+    if not _inside(obj.model_dir): raise UnsafeExportError(f"load_learner {file}: its model_dir {obj.model_dir!r} is not a folder inside the Learner's")
+    for cb in obj.cbs:
+        if vars(cb).get('learn', obj) is not obj: raise UnsafeExportError(f"load_learner {file}: its {type(cb).__name__} serves another Learner")
         if not _inside(getattr(cb, 'fname', '.')): raise UnsafeExportError(f"load_learner {file}: its {type(cb).__name__}'s fname {cb.fname!r} is not a name inside the Learner's folder")
+    return obj
+
+def _settle_export(learn, file):
+    "A `Learner` a default `load_learner` read from `file`: its folder is the file's, and it reads its weights with `weights_only`"
     learn.path,learn.exported_from = Path(file).parent if isinstance(file, (str, os.PathLike)) else Path('.'),file
     return learn
 
@@ -197,7 +203,7 @@ def load_learner(fname, # the exported file
                  allow=(), # your classes and functions the file may use, beside what fastai's exports need
                  **kwargs):
     "Load a `Learner` exported with `Learner.export`, on every rank, fresh and whole, importing and running only what fastai's exports need and `allow` names (everything with `trust`)"
-    read = partial(_fastai_load_learner, cpu=cpu, pickle_module=pickle_module_for('load_learner', trust, allow, pickle_module))
+    read = partial(_fastai_load_learner, cpu=cpu, pickle_module=pickle_module_for('load_learner', trust, allow, pickle_module, source=fname, then=check_exported_learner))
     return read_on_all(fname, read if trust else _without_pickle_warning(read, fname), 'load_learner', **kwargs)
 
 rebind_fastai(fastai.learner, 'load_learner', load_learner)
@@ -222,7 +228,7 @@ def load_dataloaders(path='.', # the directory
                      **kwargs):
     "Load `DataLoaders` saved with `DataLoaders.save`, on every rank, admitting what `load_learner` admits"
     dls = load_state(Path(path)/file, 'cpu', weights_only=False, what='load_dataloaders',
-                     pickle_module=pickle_module_for('load_dataloaders', trust, allow), **kwargs)
+                     pickle_module=pickle_module_for('load_dataloaders', trust, allow, source=Path(path)/file, then=check_exported_learner), **kwargs)
     return dls.to(ifnone(device, rank_device() if run_group.group() is not None else default_device()))
 
 # %% ../nbs/41_learner.ipynb #86a492b5

@@ -4,379 +4,19 @@
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e001
 from __future__ import annotations
-import io, re, sys, enum, types, typing, random, inspect, pickle, _compat_pickle, importlib, functools, copyreg, collections
+import io, re, sys, enum, types, typing, random, inspect, pickle, _compat_pickle, importlib, functools, copyreg, collections, operator
 import numpy as np, torch
 from torch._tensor import _rebuild_from_type_v2
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path, PurePath
 from fastcore.basics import GetAttr
 from .errors import UnsafeExportError
+from .unpickle_policy import export_policy, POLICY_RULE, admitted_by, full_name
 
 # %% auto #0
-__all__ = ['EXPORT_POLICY', 'POLICY_RULE', 'Admitted', 'parse_policy', 'export_policy', 'PolicyRule', 'admitted_by', 'StandIn',
-           'CarriedCode', 'CarriedFunction', 'ExportCheck', 'BuiltCheck', 'ExportUnpickler', 'ExportPickle',
-           'pickle_module_for', 'pickle_of', 'export_uses', 'export_report']
-
-# %% ../nbs/15_safe_unpickle.ipynb #a1c0e002
-@dataclass(frozen=True)
-class Admitted:
-    "What the policy lets a file do with one global: `refer` to it, build it with `new` (`cls.__new__`, then its state), `call` it while loading; `guard`: called through a check of its arguments; `bound`: a method read with getattr from an instance of its class; `closure`: a function the library makes at run time, carried by value"
-    kind: str # 'refer', 'new', 'call', 'guard', 'bound' or 'closure'
-    why: str # why a fastai export needs it, and why it runs no code the file chooses
-    only: str|None = None # where what the load builds may hold it (see `BuiltCheck`): `at:module.Class.attr`, `bound:module.Class`, `partial`, `plain`
-
-# %% ../nbs/15_safe_unpickle.ipynb #a1c0e003
-def parse_policy(text):
-    "{(module, qualified name): `Admitted`}, read-only, from lines `module name kind [only]`, each group after a `# why` line"
-    policy,why = {},None
-    for line in text.splitlines():
-        line = line.strip()
-        if not line: continue
-        if line.startswith('#'): why = line[1:].strip(); continue
-        module,name,kind,*only = line.split()
-        if kind not in ('refer', 'new', 'call', 'guard', 'bound', 'closure'):
-            raise ValueError(f"policy line {line!r}: kind {kind!r} is not refer, new, call, guard, bound or closure")
-        if len(only) > 1 or only and not (only[0] in ('partial', 'plain') or only[0].startswith(('at:', 'bound:'))):
-            raise ValueError(f"policy line {line!r}: {' '.join(only)!r} is not at:module.Class.attr, bound:module.Class, partial or plain")
-        policy[(module, name)] = Admitted(kind, why, only[0] if only else None)
-    return types.MappingProxyType(policy)
-
-# %% ../nbs/15_safe_unpickle.ipynb #a1c0e008
-EXPORT_POLICY = """
-# fastai's classes (the Learner, its callbacks, DataLoaders, transforms, layers, losses, models): built with `__new__`, then given their state as pickle does, through fastai's own `__setstate__` where a class has one
-fastai.callback.core TrainEvalCallback new
-fastai.callback.hook Hook new
-fastai.callback.hook Hooks new
-fastai.callback.mixup MixUp new
-fastai.callback.progress ProgressCallback new
-fastai.callback.rnn ModelResetter new
-fastai.callback.rnn RNNCallback new
-fastai.callback.rnn RNNRegularizer new
-fastai.callback.tracker EarlyStoppingCallback new
-fastai.callback.tracker SaveModelCallback new
-fastai.collab EmbeddingDotBias new
-fastai.collab TabularCollab new
-fastai.data.core DataLoaders new
-fastai.data.core Datasets new
-fastai.data.core TfmdDL new
-fastai.data.core TfmdLists new
-fastai.data.load _FakeLoader new
-fastai.data.transforms Categorize new
-fastai.data.transforms CategoryMap new
-fastai.data.transforms ColReader new
-fastai.data.transforms IntToFloatTensor new
-fastai.data.transforms Normalize new
-fastai.data.transforms RegexLabeller new
-fastai.data.transforms ToTensor new
-fastai.layers AdaptiveConcatPool2d new
-fastai.layers ConvLayer new
-fastai.layers Embedding new
-fastai.layers Flatten new
-fastai.layers LinBnDrop new
-fastai.layers MergeLayer new
-fastai.layers PixelShuffle_ICNR new
-fastai.layers ResBlock new
-fastai.layers SigmoidRange new
-fastai.layers ToTensorBase new
-fastai.learner AvgLoss new
-fastai.learner AvgMetric new
-fastai.learner AvgSmoothLoss new
-fastai.learner CastToTensor new
-fastai.learner Learner new
-fastai.learner Recorder new
-fastai.losses BaseLoss new
-fastai.losses CrossEntropyLossFlat new
-fastai.tabular.core Categorify new
-fastai.tabular.core FillMissing new
-fastai.tabular.core ReadTabBatch new
-fastai.tabular.core TabWeightedDL new
-fastai.tabular.core TabularPandas new
-fastai.tabular.data TabularDataLoaders new
-fastai.tabular.learner TabularLearner new
-fastai.tabular.model TabularModel new
-fastai.text.core SpacyTokenizer new
-fastai.text.core Tokenizer new
-fastai.text.data Numericalize new
-fastai.text.data Pad_Chunk new
-fastai.text.data SortedDL new
-fastai.text.learner TextLearner new
-fastai.text.models.awdlstm AWD_LSTM new
-fastai.text.models.awdlstm EmbeddingDropout new
-fastai.text.models.awdlstm RNNDropout new
-fastai.text.models.awdlstm WeightDropout new
-fastai.text.models.core PoolingLinearClassifier new
-fastai.text.models.core SentenceEncoder new
-fastai.text.models.core SequentialRNN new
-fastai.vision.augment Brightness new
-fastai.vision.augment Flip new
-fastai.vision.augment FlipItem new
-fastai.vision.augment RandomResizedCrop new
-fastai.vision.augment Resize new
-fastai.vision.augment Warp new
-fastai.vision.augment _BrightnessLogit new
-fastai.vision.augment _ContrastLogit new
-fastai.vision.augment _WarpCoord new
-fastai.vision.core AddMaskCodes new
-fastai.vision.core PointScaler new
-fastai.vision.models.unet DynamicUnet new
-fastai.vision.models.unet ResizeToOrig new
-fastai.vision.models.unet UnetBlock new
-fastai.vision.models.xresnet XResNet new
-# this library's callbacks and their parts, and the transform of its test Learner (`testing.synth_learner`), built and given their state as fastai's are
-ddp_safe_fastai.callback SafeSaveModelCallback new
-ddp_safe_fastai.checkpoint CheckpointCallback new
-ddp_safe_fastai.checkpoint SaveSchedule new
-ddp_safe_fastai.testing Rows new
-# fastcore's, fasttransform's and plum's types behind fastai's lists, transforms and type dispatch: built with `__new__`, given their state
-fastcore.basics fastuple new
-fastcore.foundation L new
-fasttransform.transform Pipeline new
-fasttransform.transform Transform new
-plum._function Function new
-plum._method Method new
-plum._method MethodList new
-plum._resolver Resolver new
-plum._signature Signature new
-# torch's layers, and torchvision's ResNet blocks (`Bottleneck` for resnet50 and up): built with `__new__`, given their state through `Module.__setstate__`
-torch.distributions.beta Beta new
-torch.distributions.dirichlet Dirichlet new
-torch.nn.modules.activation ReLU new
-torch.nn.modules.batchnorm BatchNorm1d new
-torch.nn.modules.batchnorm BatchNorm2d new
-torch.nn.modules.container ModuleList new
-torch.nn.modules.container Sequential new
-torch.nn.modules.conv Conv2d new
-torch.nn.modules.dropout Dropout new
-torch.nn.modules.linear Linear new
-torch.nn.modules.loss CrossEntropyLoss new
-torch.nn.modules.loss MSELoss new
-torch.nn.modules.pixelshuffle PixelShuffle new
-torch.nn.modules.pooling AdaptiveAvgPool2d new
-torch.nn.modules.pooling AdaptiveMaxPool2d new
-torch.nn.modules.pooling AvgPool2d new
-torch.nn.modules.pooling MaxPool2d new
-torch.nn.modules.rnn LSTM new
-torch.nn.modules.sparse Embedding new
-torch.utils.hooks RemovableHandle new
-torchvision.models.resnet BasicBlock new
-torchvision.models.resnet Bottleneck new
-# spaCy's English tokenizer in fastai's text exports: its vocabulary, strings, vectors and morphology rebuilt from strings and msgpack bytes (data, never objects)
-confection._config Config new
-spacy.lang.en English new
-spacy.lang.en.syntax_iterators noun_chunks refer
-spacy.language Language refer
-spacy.language Language.pipe refer
-spacy.lookups Lookups new
-spacy.morphology unpickle_morphology call
-spacy.strings StringStore call
-spacy.tokenizer Tokenizer call
-spacy.util raise_error refer
-spacy.vectors unpickle_vectors call
-spacy.vocab unpickle_vocab call
-# functions, methods and types a fastai export refers to, some of which fastai calls at inference (tokenizer rules, hooks, `load_image`, splitters, metrics, the optimizer, tensor types): never called while loading; fastai's code, with no command, file write or import
-fastai.callback.hook Hook.hook_fn refer bound:fastai.callback.hook.Hook
-fastai.callback.hook _hook_inner refer
-fastai.data.core FilteredBase refer
-fastai.data.core FilteredBase.dataloaders refer
-fastai.data.load _wif refer at:fastai.data.load._FakeLoader.worker_init_fn
-fastai.data.transforms parent_label refer
-fastai.imports noop refer
-fastai.metrics accuracy refer
-fastai.metrics error_rate refer
-fastai.metrics top_k_accuracy refer
-fastai.optimizer Adam refer
-fastai.tabular.core FillStrategy refer
-fastai.tabular.core FillStrategy.median refer
-fastai.text.core fix_html refer
-fastai.text.core lowercase refer
-fastai.text.core replace_all_caps refer
-fastai.text.core replace_maj refer
-fastai.text.core replace_rep refer
-fastai.text.core replace_wrep refer
-fastai.text.core rm_useless_spaces refer
-fastai.text.core spec_add_spaces refer
-fastai.text.data TensorText refer
-fastai.text.data _default_sort refer
-fastai.text.models.awdlstm WeightDropout._do_nothing refer at:torch.nn.modules.rnn.RNNBase.flatten_parameters
-fastai.text.models.awdlstm awd_lstm_clas_split refer
-fastai.torch_core TensorBase refer
-fastai.torch_core TensorCategory refer
-fastai.torch_core TensorImage refer
-fastai.torch_core TensorImage.lighting refer
-fastai.torch_core TensorMask refer
-fastai.torch_core tensor refer
-fastai.torch_core trainable_params refer
-fastai.vision.augment flip_mat refer
-fastai.vision.augment rotate_mat refer
-fastai.vision.augment zoom_mat refer
-fastai.vision.core PILImage refer
-fastai.vision.core PILMask refer
-fastai.vision.core TensorPoint refer
-fastai.vision.core load_image refer plain
-fastai.vision.data bb_pad refer
-fastai.vision.learner _resnet_split refer
-fastcore.basics _using_attr refer partial
-fastcore.basics merge refer
-plum._util Missing refer
-# types and functions of the standard library, numpy, pandas, PIL and torch an export refers to (signatures, dtypes, default factories): never called while loading
-PIL.Image Image refer
-builtins float refer
-builtins int refer
-builtins list refer
-builtins print refer plain
-builtins str refer
-builtins tuple refer
-inspect _empty refer
-numpy greater refer
-numpy less refer
-numpy ndarray refer
-pandas Index refer
-pandas RangeIndex refer
-pandas Series refer
-pandas Categorical refer
-pandas.arrays StringArray refer
-pathlib Path refer
-torch FloatStorage refer
-torch LongStorage refer
-torch Tensor refer
-torchvision.models.resnet resnet18 refer
-torchvision.models.resnet resnet34 refer
-typing Any refer
-# torch's tensor rebuilders, as `torch.load(weights_only=True)` admits them: tensors of the storages the archive holds
-torch._utils _rebuild_parameter call
-torch._utils _rebuild_tensor_v2 call
-# pandas' rebuilders of a frame's blocks and dtypes (a TabularPandas's table): arrays already loaded, put together
-pandas CategoricalDtype new
-pandas DataFrame new
-pandas StringDtype call
-pandas._libs.internals _unpickle_block call
-pandas.core.internals.managers BlockManager call
-# cloudpickle's cells: holders of a value, for the closures of carried functions (which are never made)
-cloudpickle.cloudpickle _make_cell call
-cloudpickle.cloudpickle _make_empty_cell call
-# constructors of plain values: they make a value of their arguments and run nothing else (`partial` only holds its function; `re._compile` compiles a pattern; `or_` combines flags)
-PIL.Image Resampling call
-_operator or_ call
-builtins bytes call
-builtins set call
-builtins slice call
-collections Counter call
-collections OrderedDict call
-functools partial call
-inspect Parameter call
-inspect Signature call
-inspect _ParameterKind call
-numpy dtype call
-numpy._core.multiarray scalar call
-pathlib PosixPath call
-random Random call
-re _compile call
-torch Size call
-torch device call
-# types in the signatures of fastai's type dispatch (plum's): `dict[str, Parameter | None]`, `Union[Module, None]`, `Callable[..., Tensor]`, made of admitted types
-builtins Ellipsis refer
-builtins bool refer
-builtins dict refer
-collections.abc Callable refer
-torch.nn.parameter Parameter refer
-typing Union refer
-typing Optional refer
-collections.abc _CallableGenericAlias call
-# called through a check of their arguments (see `ExportUnpickler`'s guards)
-_operator getitem guard
-_codecs encode guard
-builtins getattr guard
-builtins iter guard
-builtins type guard
-cloudpickle.cloudpickle _builtin_type guard
-cloudpickle.cloudpickle _function_setstate guard
-cloudpickle.cloudpickle _make_function guard
-cloudpickle.cloudpickle subimport guard
-collections defaultdict guard
-copyreg _reconstructor guard
-functools reduce guard
-numpy._core.multiarray _reconstruct guard
-numpy.core.multiarray _reconstruct guard
-pandas._libs.arrays __pyx_unpickle_NDArrayBacked guard
-pandas.core.indexes.base _new_Index guard
-torch._tensor _rebuild_from_type_v2 guard
-# functions cloudpickle carries by value though a library defines them (a classmethod its class returns bound; `Transform`'s wrapper of an encoder with no name): the installed library's code takes their place, with the values the file gives a closure
-fastai.vision.core PILBase.create refer plain
-fasttransform.transform Transform.__init__.<locals>.wrapped_enc closure
-# a compiled pattern's methods, read from the pattern spaCy's tokenizer holds (its prefix, suffix and infix rules): they match text
-re Pattern.search bound
-re Pattern.match bound
-re Pattern.finditer bound
-"""
-
-@cache
-def export_policy():
-    "What `load_learner` admits: {(module, qualified name): `Admitted`}, read once from `EXPORT_POLICY`"
-    return parse_policy(EXPORT_POLICY)
-
-# %% ../nbs/15_safe_unpickle.ipynb #b17c0010
-@dataclass(frozen=True)
-class PolicyRule:
-    "What a load may use though the policy does not name it: the installed libraries' classes of some kinds (their pickling the default, their `__setstate__` and kin reviewed), the functions of modules whose every function computes on its arguments, and the architectures fastai knows"
-    modules: tuple # the libraries whose classes it admits, as module prefixes: only a module this process has imported already (an import would run its code)
-    bases: tuple # the kinds (a base class's module and qualified name): built with `__new__`, given their state
-    reviewed: dict # {method: the classes whose version of it may be the one the class has (`None`: none has it)}
-    enums: tuple # module prefixes whose `Enum` classes the file may call with a value (a member comes back, which it may not change)
-    functions: tuple # modules (or prefixes, ending in '.') whose functions the file may refer to: each computes on its arguments, nothing else
-    tensors: str # the base of the tensor types (their tensors made by torch's `_rebuild_from_type_v2`, a guard)
-    architectures: str # the module of fastai's `model_meta`: the architectures it names (never in a partial: given arguments, they download weights) and their splitters
-
-    def admits(self, module, name):
-        "The `Admitted` entry the rule gives the global `module.name`, or None"
-        obj = getattr(sys.modules.get(module), name, None) if '.' not in name else None
-        if getattr(obj, '__module__', None) != module: return None  # defined there, not imported there
-        if isinstance(obj, types.FunctionType): return self._function(module, obj)
-        if not (isinstance(obj, type) and module.startswith(self.modules)): return None
-        if issubclass(obj, enum.Enum):
-            return Admitted('call', "an enum of the installed library, called with a value: a member") if module.startswith(self.enums) else None
-        if any(_full(k) == self.tensors for k in obj.__mro__): return Admitted('refer', "a tensor type of fastai's: its tensors rebuilt by torch's rebuilder")
-        if not any(_full(k) in self.bases for k in obj.__mro__): return None
-        if any(_owner(obj, m) not in owners for m,owners in self.reviewed.items()): return None
-        return Admitted('new', f"a class of the installed {module.split('.')[0]} of a kind it builds by rule, with its reviewed `__setstate__`")
-
-    def _function(self, module, f):
-        if module in self.functions or module.startswith(tuple(m for m in self.functions if m.endswith('.'))):
-            return Admitted('refer', f"a function of {module}, whose functions compute on their arguments")
-        meta = getattr(sys.modules.get(self.architectures), 'model_meta', {})
-        if f in meta: return Admitted('refer', "an architecture fastai's `model_meta` names", 'plain')
-        if any(f is m.get('split') for m in meta.values()): return Admitted('refer', "the splitter fastai's `model_meta` gives an architecture")
-        return None
-
-def _full(cls): return f"{cls.__module__}.{cls.__qualname__}"
-
-def _owner(cls, method):
-    "The class (module and qualified name) of `cls`'s MRO whose body defines `method`, or None"
-    return next((_full(k) for k in cls.__mro__ if method in vars(k)), None)
-
-POLICY_RULE = PolicyRule(
-    modules=('fastai.', 'torch.nn.', 'torchvision.', 'timm.'),
-    bases=('torch.nn.modules.module.Module', 'fastai.callback.core.Callback', 'fasttransform.transform.Transform',
-           'fastai.learner.Metric', 'fastai.losses.BaseLoss', 'fastai.data.load.DataLoader'),
-    reviewed=types.MappingProxyType({
-        '__new__': ('builtins.object',), '__reduce_ex__': ('builtins.object',), '__reduce__': ('builtins.object',),
-        # each updates `__dict__` with the state, then sets defaults an older state lacks or rebuilds what it derives from it
-        '__setstate__': (None, 'torch.nn.modules.module.Module', 'torch.nn.modules.conv._ConvNd', 'torch.nn.modules.rnn.RNNBase',
-                         'torch.nn.modules.activation.Softmax', 'torch.nn.modules.activation.Softmin', 'torch.nn.modules.activation.LogSoftmax',
-                         'torch.nn.modules.activation.MultiheadAttention', 'torch.nn.modules.pooling.AvgPool3d', 'torch.nn.modules.upsampling.Upsample',
-                         'torch.nn.modules.transformer.TransformerEncoderLayer', 'torch.nn.modules.transformer.TransformerDecoderLayer',
-                         'fastcore.basics.GetAttr', 'fastcore.basics.Stateful'),
-        '_init_state': (None, 'fastcore.basics.Stateful'),  # what `Stateful.__setstate__` calls: it empties `_state`
-        # what pickle calls for a state's slots
-        '__setattr__': ('builtins.object', 'torch.nn.modules.module.Module', 'torch.nn.modules.rnn.RNNBase', 'fastai.callback.core.Callback')}),
-    enums=('fastai.',),
-    functions=('fastai.metrics', 'fastai.optimizer', 'sklearn.metrics.'),
-    tensors='fastai.torch_core.TensorBase',
-    architectures='fastai.vision.learner')
-
-def admitted_by(policy, module, name):
-    "What `policy`, or else `POLICY_RULE`, lets a file do with the global `module.name` (None: nothing; it is a stand-in)"
-    return policy.get((module, name)) or POLICY_RULE.admits(module, name)
+__all__ = ['StandIn', 'CarriedCode', 'CarriedFunction', 'Guards', 'refusal_message', 'ExportCheck', 'BuiltCheck',
+           'ExportUnpickler', 'ExportPickle', 'pickle_module_for', 'pickle_of', 'export_uses', 'export_verdict',
+           'export_report']
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e004
 class StandIn:
@@ -444,6 +84,140 @@ def _import(module, name):
         raise pickle.UnpicklingError(f"the export needs {module}.{name}, which this process cannot import ({type(e).__name__}: {e}): "
                                      "was it exported with other versions of fastai and its libraries?") from None
 
+# %% ../nbs/15_safe_unpickle.ipynb #c63a0002
+class Guards:
+    "The globals a file may call only through a check of their arguments (`guard` in the policy), each written once for both readings of a pickle: `ExportCheck`'s dry run, where what the load would make stands in for it, and `ExportUnpickler`'s load. A reading says what it knows of an object (`label`, `kind_of`, `admitted`) and makes what a guard hands back (`made`, `handed`, `stand_in`, `guard`)"
+    def admitted_type(self, cls, base, what):
+        "The class `cls` names, if the policy admits it and it is a subclass of `base`; else refused"
+        real = self.admitted(cls)
+        if isinstance(real, type) and issubclass(real, base): return real
+        return self.refuse(f"{what} of {self.label(cls)}: only an admitted subclass of {base.__name__}")
+
+    def called_by_guard(self, func, guard):
+        "Refuse unless `func`, which `guard` calls, is what the policy lets the file call: never a guard, whose arguments would go unchecked"
+        if self.kind_of(func) != 'call': self.refuse(f"it would have {guard} call {self.label(func)}: only a function the policy lets the file call")
+
+    def _guard_getattr(self, obj, name, *default):
+        "Only as pickle writes a method reference: a method the policy admits of an admitted class, or one it lets the file read from an object the load made (`bound`)"
+        label = self.label(obj)
+        if self.kind_of(obj) == 'stand-in': return self.stand_in(f"{label}.{name}", obj.how)
+        if isinstance(name, str) and not default:
+            cls = self.admitted(obj)
+            if isinstance(cls, type):
+                admitted = self.policy.get((cls.__module__, f"{cls.__qualname__}.{name}"))
+                if admitted is None or admitted.kind == 'guard': return self.stand_in(f"{label}.{name}", _HOW.format(name=f"{label}.{name}"))
+                return self.handed(getattr(cls, name), f"{label}.{name}", admitted.kind, admitted.only)
+            if (method := self.bound_method(obj, name)) is not None: return method
+        return self.refuse(f"it would call getattr on {label}, {name!r}: only a method of an admitted class is read so")
+
+    def _guard_builtin_type(self, name):
+        "cloudpickle's `_builtin_type`: `CodeType` makes only data (`CarriedCode`), `MethodType` binds only admitted functions, `GenericAlias` annotates only admitted classes"
+        if name == 'CodeType': return self.guard(self.carried_code, 'types.CodeType')
+        if name == 'MethodType': return self.guard(self._method_type, 'types.MethodType')
+        if name == 'GenericAlias': return self.guard(self._generic_alias, 'types.GenericAlias')
+        return self.refuse(f"it would make the type {name!r} through cloudpickle's _builtin_type: only CodeType, MethodType and GenericAlias are admitted")
+
+    def _method_type(self, func, obj):
+        if self.kind_of(func) is None: return self.refuse(f"it would bind {self.label(func)}, an object it made, as a method")
+        return self.made('a method', types.MethodType, func, obj)
+
+    def _generic_alias(self, origin, args):
+        "A type annotation such as `dict[str, Tensor]`: its origin an admitted class"
+        return self.made('a type alias', types.GenericAlias, self.admitted_type(origin, object, 'a type alias'), args)
+
+    def _guard_getitem(self, obj, key):
+        "`operator.getitem` only as pickle writes a type annotation: `Union[...]` of a special form of `typing` the policy refers to"
+        if not (self.kind_of(obj) == 'refer' and isinstance(self.admitted(obj), typing._SpecialForm)):
+            return self.refuse(f"it would call operator.getitem on {self.label(obj)}: only on a special form of typing (`Union[...]`)")
+        return self.made('a type annotation', operator.getitem, obj, key)
+
+    def _guard_make_function(self, code, globals, name=None, argdefs=None, closure=None):
+        "cloudpickle's function carried by value: a `CarriedFunction`, never its code; `_function_setstate` says which function it stands for"
+        if not isinstance(code, self.Code): return self.refuse(f"it would make a function of {self.label(code)}, not of code it carries")
+        return self.carried_function(name if isinstance(name, str) else CarriedCode(code.args).name)  # else cloudpickle names it in its state, later: its code's name is the same
+
+    def _guard_function_setstate(self, obj, state):
+        "cloudpickle's: the module and name of a function carried by value; its code, globals and closure are dropped"
+        if self.carried_as(obj) != 'function': return self.refuse(f"it would set the state of {self.label(obj)}, not a function the file carries")
+        self.function_state(obj, state)
+
+    def _guard_make_skeleton_class(self, type_constructor, name, bases, type_kwargs, class_tracker_id, extra):
+        "cloudpickle's class carried by value (a notebook's): never made from the file; the class of that name the loading program defines itself takes its place, as fastai asks of functions"
+        if not isinstance(name, str): return self.refuse(f"it would make a class named {self.label(name)}")
+        cls = _main_own(name, type)
+        if cls is None: return self.carried(self.stand_in(f"the class {name} carried as code", f"define a class {name} in the loading script before the load, as fastai asks of functions, and it is used in its place"), 'class')
+        return self.carried(self.handed(cls, f"__main__.{name}", 'new'), 'class')
+
+    def _guard_class_setstate(self, obj, state):
+        "cloudpickle's: the body of a class carried by value, dropped (the loading program's class stays as it defines it)"
+        if self.carried_as(obj) != 'class': return self.refuse(f"it would set the attributes of {self.label(obj)}, not a class the file carries")
+        return obj
+
+    def _guard_subimport(self, name):
+        "cloudpickle's: a module a carried function uses, never imported (the function is never made)"
+        return self.stand_in(f"module {name}", "a module named by code the file carries")
+
+    def _guard_reduce(self, function, sequence, *initial):
+        "functools.reduce, with a function the file may call"
+        self.called_by_guard(function, 'functools.reduce')
+        return self.made('a value', functools.reduce, function, sequence, *initial)
+
+    def _guard_type(self, *args):
+        "The type of an object, as pickle writes `type(None)`, only referred to; never `type(name, bases, namespace)`, which makes a class"
+        if len(args) != 1: return self.refuse("it would make a class with type(name, bases, namespace)")
+        return self.type_of(args[0])
+
+    def _guard_iter(self, iterable, *sentinel):
+        "An iterator over a container (a pickled iterator's); never `iter(callable, sentinel)`, which calls"
+        if sentinel: return self.refuse("it would make iter(callable, sentinel), which calls the callable")
+        return self.made('an iterator', iter, iterable)
+
+    def _guard_encode(self, obj, encoding='utf-8', errors='strict'):
+        "_codecs.encode as protocol 2 writes bytes: latin-1 only (a codec's name would import its module)"
+        if encoding not in ('latin1', 'latin-1') or errors != 'strict' or not isinstance(obj, str): return self.refuse(f"it would encode with {encoding!r}")
+        return obj.encode('latin1')
+
+    def _guard_defaultdict(self, default_factory=None, *args):
+        "A defaultdict whose factory is an admitted class (called for each missing key, after the load too)"
+        if default_factory is not None: default_factory = self.admitted_type(default_factory, object, 'a defaultdict')
+        return self.made('a defaultdict', collections.defaultdict, default_factory, *args)
+
+    def _guard_reconstruct(self, subtype, shape, dtype):
+        "numpy's array rebuilder: an admitted ndarray type"
+        return self.made('an array', _np_reconstruct(), self.admitted_type(subtype, np.ndarray, 'an array'), shape, dtype)
+
+    def _guard_new_Index(self, cls, d):
+        "pandas' index rebuilder: an admitted Index type"
+        import pandas as pd
+        from pandas.core.indexes.base import _new_Index
+        return self.made('an index', _new_Index, self.admitted_type(cls, pd.Index, 'an index'), d)
+
+    def _guard_pyx_unpickle_NDArrayBacked(self, cls, checksum, state):
+        "pandas' extension array rebuilder: an admitted type"
+        rebuild = _resolve('pandas._libs.arrays', '__pyx_unpickle_NDArrayBacked')  # a name pickle writes: spelt here as a string
+        return self.made('an extension array', rebuild, self.admitted_type(cls, object, 'an extension array'), checksum, state)
+
+    def _guard_reconstructor(self, cls, base, state):
+        "copyreg's rebuilder of protocols 0 and 1: an admitted class, on `object` or a value type"
+        real = self.admitted(base)
+        if not any(real is t for t in (object, int, float, str, bytes, tuple, list, dict, set, frozenset)):
+            return self.refuse(f"copyreg._reconstructor on {self.label(base)}")
+        return self.made('an object', copyreg._reconstructor, self.admitted_type(cls, real, 'an object'), real, state)
+
+    def _guard_rebuild_from_type_v2(self, func, new_type, args, state):
+        "torch's tensor-subclass rebuilder: `func` a rebuilder the file may call, `new_type` an admitted Tensor type"
+        self.called_by_guard(func, "torch's _rebuild_from_type_v2")
+        return self.made('a tensor', _rebuild_from_type_v2, func, self.admitted_type(new_type, torch.Tensor, 'a tensor'), args, state)
+
+def _np_reconstruct():
+    "numpy's `_reconstruct`, wherever this numpy keeps it"
+    return (getattr(np, '_core', None) or np.core).multiarray._reconstruct
+
+def _main_own(name, kinds):
+    "What the loading program defines itself in `__main__` as `name`, of one of `kinds` (a function, a class): never one a star import brought there"
+    main = getattr(sys.modules.get('__main__'), name, None) if isinstance(name, str) and name.isidentifier() else None
+    return main if isinstance(main, kinds) and main.__module__ == '__main__' else None
+
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e00e
 _TORCH_RENAMED = {'torch.tensor': 'torch._tensor'}  # what torch's loader renames before `find_class` sees it (torch.serialization's `load_module_mapping`)
 
@@ -456,21 +230,41 @@ def _named(module, name, py2_names):
     return _TORCH_RENAMED.get(module, module),name
 
 def _how_to_admit(module, name):
-    "What a refusal of `module.name` advises: to import its module first where `POLICY_RULE` would admit it then"
+    "What a refusal of `module.name` advises: to import its module first where `POLICY_RULE` would admit it then; `allow=` where it may be the user's own (`_allow_name`); else nothing (`trust=True` only)"
     if module.startswith(POLICY_RULE.modules) and module not in sys.modules:
         return (f"Import {module} before the load (the policy admits the classes of the fastai, torch, torchvision and timm modules "
                 f"the loading program has imported: `from fastai.vision.all import *` imports fastai's), or admit it: " + _HOW.format(name=f"{module}.{name}"))
-    return _HOW.format(name=f"{module}.{name}")
+    return _HOW.format(name=_allow_name(module, name)) if _allow_name(module, name) else None
 
 def _refuse(what, at, how=None):
     raise UnsafeExportError(f"{what} (at {at}); nothing from the file was run. " + (how or "Load it with `trust=True` only if you trust its author"))
+
+def _allow_name(module, name):
+    "What `allow=[...]` would name to admit the global `module.name`: a class or function of the user's own (as the loading program spells it), never a library's internal (a part of its name starting with `_`), the standard library's, or one a missing import explains"
+    if module == '__main__': return name
+    if any(p.startswith('_') for p in (*module.split('.'), *name.split('.'))) or module.split('.')[0] in sys.stdlib_module_names: return None
+    return None if module.startswith(POLICY_RULE.modules) and module not in sys.modules else f"{module}.{name}"
+
+def refusal_message(refused, # (what the file would do, where, how to admit it, what `allow=` would name) for each refusal, as `ExportCheck(collect=True)` notes them
+                    source=None, # the file, for `ddp-safe-check inspect`
+                    standing=()): # (global, what `allow=` would name) for each global it only refers to that stands in
+    "What a default load says when it refuses a file: everything the file would do that the policy refuses, at once; the `allow=` that admits the user's own code (what it would call, and what would stand in); how to see every global it names"
+    said = list(dict.fromkeys(f"- {what} (at {at})" for what,at,_,_ in refused))
+    names = list(dict.fromkeys([n for *_,n in refused if n] + [n for _,n in standing if n]))
+    hows = list(dict.fromkeys(h for _,_,h,n in refused if h and not n))
+    stand = sorted({full for full,_ in standing})
+    return '\n'.join([f"{source or 'the file'} asks for what the default load refuses; nothing from the file was run:", *said[:20],
+                      *([f"- and {len(said) - 20} more"] if len(said) > 20 else []),
+                      *([f"It refers to {len(stand)} more the policy does not admit, which would stand in and raise if called: {', '.join(stand)}"] if stand else []),
+                      *([f"If those are your own and you trust the file's author, admit them: `allow=[{', '.join(names)}]`."] if names else []), *hows,
+                      f"`ddp-safe-check inspect {source or 'FILE'}` lists every global it names. `trust=True` is fastai's load, which may run any code: only for a file you trust."])
 
 class _Global(type):
     "A global the file names, in `ExportCheck`'s dry run: a type (so that pickle may build with it), which imports, calls and updates nothing itself; what the file does with it goes to its `check`"
     def __call__(g, *args, **kwargs):
         if g.kind == 'call': return g.made
         if g.run is not None: return g.run(*args, **kwargs)
-        g.check.may(g)
+        return g.check.may(g)
     def __setstate__(g, state): g.check.update(g, 'set the state of')
     def __setitem__(g, key, value): g.check.update(g, 'set an item of')
     def append(g, item): g.check.update(g, 'append to')
@@ -486,7 +280,7 @@ class _Made:
     "What a call, a build or a storage makes, in `ExportCheck`'s dry run: the file may give it state and items, never call it"
     __slots__ = ('check', 'by')
     def __init__(self, check, by): self.check,self.by = check,by # `by`: the `_Global` that made it, or what it is
-    def __call__(self, *args, **kwargs): self.check.refuse(f"it would call {self.check.name(self)} while loading")
+    def __call__(self, *args, **kwargs): return self.check.refuse(f"it would call {self.check.label(self)} while loading")
     def __setstate__(self, state): self.check.attributes(self, state)
     def __setitem__(self, key, value): pass
     def append(self, item): pass
@@ -496,7 +290,7 @@ class _Made:
 class _Member(_Made):
     "What a call of an enum class makes, in `ExportCheck`'s dry run: one of its members, which the whole process shares, so no state or items"
     __slots__ = ()
-    def __setstate__(self, state): self.check.refuse(f"it would change {self.check.name(self)}, which this process shares")
+    def __setstate__(self, state): self.check.refuse(f"it would change {self.check.label(self)}, which this process shares")
     def __setitem__(self, key, value): self.__setstate__(None)
     def append(self, item): self.__setstate__(None)
     def extend(self, items): self.__setstate__(None)
@@ -530,22 +324,29 @@ class _Kept:
     @property
     def data(self): return b''.join(self.parts)
 
-class ExportCheck(pickle.Unpickler):
+class ExportCheck(Guards, pickle.Unpickler):
     "A dry run of a pickle: pickle's C unpickler, with each global it names a `_Global` and each object it makes a `_Made`, so that every call, build and update the file asks for is checked by `policy` before any of it is done"
+    Code = _Code # what a carried `CodeType` makes in it
     def __init__(self, file, # the pickle, opened
                  policy, # {(module, qualified name): `Admitted`}
                  allowed=None, # {(module, qualified name): object} admitted too (they may be called while loading)
                  proto=4, # the pickle's protocol: below 3, its Python 2 names are mapped as pickle maps them
                  where='its pickle', # the pickle, for messages
                  exact=False, # read each opcode as met, so that a refusal says where in the file it was met (slower)
+                 collect=False, # note each refusal (`refused`) and go on, to say them all at once
                  **kwargs): # pickle's: `encoding`, `errors`, `fix_imports`
         self.kept = _Kept(file, exact)
         super().__init__(self.kept, **kwargs)
-        self.file,self.policy,self.allowed,self.where,self.exact = file,policy,allowed or {},where,exact
+        self.file,self.policy,self.allowed,self.where,self.exact,self.collect = file,policy,allowed or {},where,exact,collect
         self.py2_names = proto < 3 and kwargs.get('fix_imports', True)
         self.imported,self.seen = {},set() # (module, name) -> the admitted global, for the load that follows; every (module, name) met
+        self.refused,self.standing = [],{} # the refusals noted; {global: what `allow=` would name} of the stand-ins met and not refused
 
-    def refuse(self, what, how=None): _refuse(what, f"byte {self.file.tell()} of {self.where}" if self.exact else self.where, how)
+    def refuse(self, what, how=None, name=None):
+        "Refuse what the file would do; with `collect`, note it (`name`: what `allow=` would admit) and go on with a `_Made` in its place"
+        if not self.collect: _refuse(what, f"byte {self.file.tell()} of {self.where}" if self.exact else self.where, how)
+        self.refused.append((what, f"byte {self.file.tell()}", how, name))
+        return _Made(self, 'what it was refused')
 
     def find_class(self, module, name):
         module,name = _named(module, name, self.py2_names)
@@ -553,8 +354,10 @@ class ExportCheck(pickle.Unpickler):
         full = f"{module}.{name}"
         if (module, name) in self.allowed: return self.token(full, 'call', self.allowed[(module, name)])
         admitted = admitted_by(self.policy, module, name)
-        if admitted is None: return self.token(full, 'stand-in', how=_how_to_admit(module, name))
-        if admitted.kind == 'guard': return self.token(full, 'guard', run=getattr(self, f"_guard_{name.rsplit('.', 1)[-1].strip('_')}"))
+        if admitted is None:
+            self.standing[full] = _allow_name(module, name)
+            return self.token(full, 'stand-in', how=_how_to_admit(module, name), allow=self.standing[full])
+        if admitted.kind == 'guard': return self.guard(getattr(self, f"_guard_{name.rsplit('.', 1)[-1].strip('_')}"), full)
         real = self.imported[(module, name)] = _import(module, name)
         return self.token(full, admitted.kind, real)
 
@@ -562,142 +365,60 @@ class ExportCheck(pickle.Unpickler):
         "What torch's loader makes of a persistent id: a storage, or in its older format the class a module's id names"
         return pid[1] if isinstance(pid, tuple) and len(pid) > 1 and pid[0] == 'module' and isinstance(pid[1], _Global) else _Made(self, 'a storage')
 
-    def token(self, full, kind, real=None, how=None, run=None, carried=False):
-        "A `_Global` for `full`: what the policy lets the file do with it (`kind`), the object it names (`real`, admitted ones only), how to admit it, and what its call does (`run`, a guard's); `made`, what each call and build of it makes"
+    def token(self, full, kind, real=None, how=None, run=None, allow=None):
+        "A `_Global` for `full`: what the policy lets the file do with it (`kind`), the object it names (`real`, admitted ones only), how to admit it (`allow`: the name `allow=` takes), and what its call does (`run`, a guard's); `made`, what each call and build of it makes"
         g = _Global(full.rsplit('.', 1)[-1], (), dict(__new__=_new_global, __slots__=(), check=self, full=full, kind=kind, real=real,
-                                                      how=how, run=run, carried=carried))
+                                                      how=how, run=run, allow=allow, carried=None))
         g.made = (_Member if isinstance(real, type) and issubclass(real, enum.Enum) else _Made)(self, g)  # one for all: it holds nothing of what is done to it
         return g
 
-    def name(self, obj):
+    # --- what the dry run knows of an object, and what a guard hands back in it (see `Guards`)
+    def label(self, obj):
         if isinstance(obj, _Global): return obj.full
         if isinstance(obj, _Made): return obj.by if isinstance(obj.by, str) else f"a {obj.by.real.__name__}" if isinstance(obj.by.real, type) else f"an object {obj.by.full} made"
         return f"a {type(obj).__name__}"
+    def kind_of(self, obj): return obj.kind if isinstance(obj, _Global) else None
+    def admitted(self, obj): return obj.real if isinstance(obj, _Global) and obj.kind in ('refer', 'new', 'call') else None
+    def made(self, what, build, *args): return _Made(self, what)
+    def handed(self, obj, full, kind, only=None): return self.token(full, kind, obj)
+    def stand_in(self, full, how): return self.token(full, 'stand-in', how=how)
+    def guard(self, func, name): return self.token(name, 'guard', run=func)
+    def carried(self, g, what): g.carried = what; return g
+    def carried_as(self, obj): return obj.carried if isinstance(obj, _Global) else None
+    def carried_code(self, *args): return _Code(self, args)
+    def carried_function(self, name):
+        return self.carried(self.stand_in(f"the function {name} carried as code", "a function the file carries is never run from it: define one "
+                                          "of that name in `__main__`, or admit the library's with `allow=`"), 'function')
+    def function_state(self, obj, state): pass  # the load decides which function it stands for
+    def type_of(self, obj): return self.token(f"type of {self.label(obj)}", 'refer', None if isinstance(obj, (_Global, _Made)) else type(obj))
+    def bound_method(self, obj, name):
+        "A method the policy lets the file read from an object the load makes (`bound`): the load checks it on the object's type, which a dry run may not know"
+        if not isinstance(obj, _Made): return None
+        tp = obj.by.real if not isinstance(obj.by, str) and isinstance(obj.by.real, type) else None
+        if tp is None or getattr(self.policy.get((tp.__module__, f"{tp.__qualname__}.{name}")), 'kind', None) == 'bound':
+            return self.token(f"{self.label(obj)}.{name}", 'refer')
 
     # --- what the file asks of a global: the checks of every call, build and update
     def may(self, func, how='call'):
         "Refuse unless the file may call `func` now (`how='new'`: build with `__new__`)"
         kind = func.kind if isinstance(func, _Global) else None
-        if _lets(kind, how): return
-        if kind is None: self.refuse(f"it would call {self.name(func)} while loading")
-        admit = func.how or _HOW.format(name=func.full)
-        if kind == 'stand-in': self.refuse(f"it would {'build' if how == 'new' else 'call'} {func.full} while loading, which the policy does not admit", admit)
-        self.refuse(f"it would {'build' if how == 'new' else 'call'} {func.full} while loading; the policy lets it only "
-                    f"{'build' if kind == 'new' else 'call' if kind == 'guard' else 'refer to'} it", admit)
+        if _lets(kind, how): return None
+        if kind is None: return self.refuse(f"it would call {self.label(func)} while loading")
+        admit,verb = func.how,'build' if how == 'new' else 'call'
+        if kind == 'stand-in':
+            self.standing.pop(func.full, None)  # said as refused
+            return self.refuse(f"it would {verb} {func.full} while loading, which the policy does not admit", admit, func.allow)
+        return self.refuse(f"it would {verb} {func.full} while loading; the policy lets it only "
+                           f"{'build' if kind == 'new' else 'call' if kind == 'guard' else 'refer to'} it", admit)
 
     def update(self, g, what):
         "Refuse an update of a global, a stand-in or a function the file carries: only what this load makes may change (a carried function's state comes through `_function_setstate`)"
         self.refuse(f"it would {what} {g.full}" + (", a global of this process" if g.kind not in ('stand-in', 'guard') else ''))
 
-    def called_by_guard(self, func, guard):
-        "Refuse unless `func`, which `guard` calls, is what the policy lets the file call: never a guard, whose arguments would go unchecked"
-        if not (isinstance(func, _Global) and func.kind == 'call'): self.refuse(f"it would have {guard} call {self.name(func)}: only a function the policy lets the file call")
-
     def attributes(self, obj, state):
         "Refuse a state that sets a dunder attribute (`__class__`, `__dict__`...) of `obj`"
         if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict) and any(str(k).startswith('__') for k in state[1]):
-            self.refuse(f"it would set {[k for k in state[1] if str(k).startswith('__')]} of {self.name(obj)}")
-
-    def admitted_type(self, cls, base, what):
-        "Refuse unless `cls` is an admitted subclass of `base`"
-        if not (isinstance(cls, _Global) and cls.kind in ('refer', 'new', 'call') and isinstance(cls.real, type) and issubclass(cls.real, base)):
-            self.refuse(f"{what} of {self.name(cls)}: only an admitted subclass of {base.__name__}")
-
-    # --- the globals called through a check of their arguments (`guard` in the policy): what each lets the file do
-    def _guard_getattr(self, obj, name, *default):
-        "Only as pickle writes a method reference: an admitted class, and a method the policy admits (a method the policy lets the file read from an object it made, `bound`, is checked on its type as it loads)"
-        if isinstance(obj, _Global) and obj.kind == 'stand-in': return self.token(f"{obj.full}.{name}", 'stand-in', how=obj.how)
-        if isinstance(name, str) and not default:
-            if isinstance(obj, _Global) and isinstance(obj.real, type) and obj.kind in ('refer', 'new', 'call'):
-                admitted = self.policy.get((obj.real.__module__, f"{obj.real.__qualname__}.{name}"))
-                if admitted is None or admitted.kind == 'guard': return self.token(f"{obj.full}.{name}", 'stand-in')
-                return self.token(f"{obj.full}.{name}", admitted.kind, getattr(obj.real, name))
-            made = obj.by.real if isinstance(obj, _Made) and not isinstance(obj.by, str) and isinstance(obj.by.real, type) else None
-            if isinstance(obj, _Made) and made is None or made is not None and getattr(self.policy.get((made.__module__, f"{made.__qualname__}.{name}")), 'kind', None) == 'bound':
-                return self.token(f"{self.name(obj)}.{name}", 'refer')  # a compiled pattern's `search`: its type is checked as it loads
-        self.refuse(f"it would call getattr on {self.name(obj)}, {name!r}: only a method of an admitted class is read so")
-
-    def _guard_builtin_type(self, name):
-        "cloudpickle's `_builtin_type`: `CodeType` makes only data (`CarriedCode`), `MethodType` binds only admitted functions"
-        if name == 'CodeType': return self.token('types.CodeType', 'guard', run=lambda *args: _Code(self, args))
-        if name == 'MethodType': return self.token('types.MethodType', 'guard', run=self._method_type)
-        if name == 'GenericAlias': return self.token('types.GenericAlias', 'guard', run=self._generic_alias)
-        self.refuse(f"it would make the type {name!r} through cloudpickle's _builtin_type: only CodeType, MethodType and GenericAlias are admitted")
-
-    def _generic_alias(self, origin, args):
-        self.admitted_type(origin, object, 'a type alias'); return _Made(self, 'a type alias')
-
-    def _guard_getitem(self, obj, key):
-        "`operator.getitem` only as pickle writes a type annotation: `Union[...]` of a special form of `typing` the policy refers to"
-        if not (isinstance(obj, _Global) and obj.kind == 'refer' and isinstance(obj.real, typing._SpecialForm)):
-            self.refuse(f"it would call operator.getitem on {self.name(obj)}: only on a special form of typing (`Union[...]`)")
-        return _Made(self, 'a type annotation')
-
-    def _method_type(self, func, obj):
-        if not isinstance(func, _Global): self.refuse(f"it would bind {self.name(func)} as a method")
-        return _Made(self, 'a method')
-
-    def _guard_make_function(self, code, globals, name=None, argdefs=None, closure=None):
-        "cloudpickle's function carried by value: a stand-in the file may give state, never call"
-        if not isinstance(code, _Code): self.refuse(f"it would make a function of {self.name(code)}, not of code it carries")
-        name = name if isinstance(name, str) else CarriedCode(code.args).name
-        return self.token(f"the function {name} carried as code", 'stand-in', carried=True,
-                          how="a function the file carries is never run from it: define one of that name in `__main__`, or admit the library's with `allow=`")
-
-    def _guard_function_setstate(self, obj, state):
-        "cloudpickle's: the state of a function the file carries"
-        if not (isinstance(obj, _Global) and obj.carried): self.refuse(f"it would set the state of {self.name(obj)}, not a function the file carries")
-
-    def _guard_subimport(self, name):
-        "cloudpickle's: a module a carried function uses, never imported"
-        return self.token(f"module {name}", 'stand-in', how="a module named by code the file carries")
-
-    def _guard_reduce(self, function, sequence, *initial):
-        "functools.reduce, with a function the file may call (never a guard: its arguments would not be checked here)"
-        self.called_by_guard(function, 'functools.reduce'); return _Made(self, 'a value')
-
-    def _guard_type(self, *args):
-        "The type of an object, as pickle writes `type(None)`, only referred to; never `type(name, bases, namespace)`, which makes a class"
-        if len(args) != 1: self.refuse("it would make a class with type(name, bases, namespace)")
-        return self.token(f"type of {self.name(args[0])}", 'refer', None if isinstance(args[0], (_Global, _Made)) else type(args[0]))
-
-    def _guard_iter(self, iterable, *sentinel):
-        "An iterator over a container; never `iter(callable, sentinel)`, which calls"
-        if sentinel: self.refuse("it would make iter(callable, sentinel), which calls the callable")
-        return _Made(self, 'an iterator')
-
-    def _guard_encode(self, obj, encoding='utf-8', errors='strict'):
-        "_codecs.encode as protocol 2 writes bytes: latin-1 only (a codec's name would import its module)"
-        if encoding not in ('latin1', 'latin-1') or errors != 'strict' or not isinstance(obj, str): self.refuse(f"it would encode with {encoding!r}")
-        return obj.encode('latin1')
-
-    def _guard_defaultdict(self, default_factory=None, *args):
-        "A defaultdict whose factory is an admitted class (called for each missing key, after the load too)"
-        if default_factory is not None: self.admitted_type(default_factory, object, 'a defaultdict')
-        return _Made(self, 'a defaultdict')
-
-    def _guard_reconstruct(self, subtype, shape, dtype):
-        "numpy's array rebuilder: an admitted ndarray type"
-        self.admitted_type(subtype, np.ndarray, 'an array'); return _Made(self, 'an array')
-
-    def _guard_new_Index(self, cls, d):
-        "pandas' index rebuilder: an admitted Index type"
-        import pandas as pd
-        self.admitted_type(cls, pd.Index, 'an index'); return _Made(self, 'an index')
-
-    def _guard_pyx_unpickle_NDArrayBacked(self, cls, checksum, state):
-        "pandas' extension array rebuilder: an admitted type"
-        self.admitted_type(cls, object, 'an extension array'); return _Made(self, 'an extension array')
-
-    def _guard_reconstructor(self, cls, base, state):
-        "copyreg's rebuilder of protocols 0 and 1: an admitted class, on `object` or a value type"
-        if not (isinstance(base, _Global) and base.kind != 'stand-in' and base.real in (object, int, float, str, bytes, tuple, list, dict, set, frozenset)):
-            self.refuse(f"copyreg._reconstructor on {self.name(base)}")
-        self.admitted_type(cls, base.real, 'an object'); return _Made(self, 'an object')
-
-    def _guard_rebuild_from_type_v2(self, func, new_type, args, state):
-        "torch's tensor-subclass rebuilder: `func` a rebuilder the file may call, `new_type` an admitted Tensor type"
-        self.called_by_guard(func, "torch's _rebuild_from_type_v2"); self.admitted_type(new_type, torch.Tensor, 'a tensor'); return _Made(self, 'a tensor')
+            self.refuse(f"it would set {[k for k in state[1] if str(k).startswith('__')]} of {self.label(obj)}")
 
 # %% ../nbs/15_safe_unpickle.ipynb #b17c0001
 _LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), range, slice, type(Ellipsis), PurePath, torch.dtype, torch.device,
@@ -719,7 +440,7 @@ _MODULE_PARTS = {'_modules': torch.nn.Module, '_parameters': torch.Tensor, '_buf
 
 def _is_a(obj, full):
     "Is `obj` an instance of the class named `full` (module and qualified name), or of a subclass?"
-    return any(_full(k) == full for k in type(obj).__mro__)
+    return any(full_name(k) == full for k in type(obj).__mro__)
 
 class BuiltCheck:
     "The check of what an `ExportUnpickler` built, before it is handed back: each object's state against its class, each callable where it may be called"
@@ -805,7 +526,7 @@ class BuiltCheck:
 
     def callable(self, f, owner, attr):
         "A routine where fastai may call it: one this load handed out (never a guard), where its policy's mark lets it be"
-        if id(f) in self.u.guards: self.refuse(owner, attr, f"{self.named(f)}, which is a check of this load")
+        if self.u.kind(f)[1] == 'guard': self.refuse(owner, attr, f"{self.named(f)}, which is a check of this load")
         if isinstance(f, functools.partial): return self.partial(f, owner, attr)
         if isinstance(f, types.MethodType): return self.method(f, owner, attr)
         if isinstance(f, StandIn): return
@@ -822,7 +543,7 @@ class BuiltCheck:
         "`partial(f, ...)`: `f` a function the policy refers to, given the file's arguments only where its mark allows (fastcore's `using_attr`: a public attribute's name)"
         f,mark = p.func,self.u.marks.get(id(p.func))
         name,kind = self.u.kind(f)
-        if not (isinstance(f, (StandIn, CarriedFunction)) or kind == 'refer' and id(f) not in self.u.guards) or mark not in (None, 'partial'):
+        if not (isinstance(f, (StandIn, CarriedFunction)) or kind == 'refer') or mark not in (None, 'partial'):
             self.refuse(owner, attr, f"partial({self.named(f)}, ...): only a function the policy refers to, with no mark, takes the file's arguments")
         if mark == 'partial':
             if not (len(p.args) == 2 and not p.keywords and isinstance(p.args[1], str) and p.args[1].isidentifier() and not p.args[1].startswith('_')):
@@ -833,7 +554,7 @@ class BuiltCheck:
         f,obj = m.__func__,m.__self__
         if isinstance(f, StandIn): return  # raises if called
         name,kind = self.u.kind(f)
-        if kind is None or id(f) in self.u.guards: self.refuse(owner, attr, f"a method {self.named(f)}, which this load did not hand out")
+        if kind in (None, 'guard'): self.refuse(owner, attr, f"a method {self.named(f)}, which this load did not hand out")
         mark = self.u.marks.get(id(f))
         if isinstance(mark, str) and mark.startswith('bound:'):
             if not _is_a(obj, mark[6:]): self.refuse(owner, attr, f"{name} bound to a {type(obj).__name__}: only to a {mark[6:]}")
@@ -863,25 +584,28 @@ def _defining_class(f):
     return owner if isinstance(owner, type) else type(None)
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e007
-class ExportUnpickler(pickle.Unpickler):
+class ExportUnpickler(Guards, pickle.Unpickler):
     "pickle's C unpickler, run on a pickle only once `ExportCheck` has checked every call, build and update it asks for; each global decided by `policy` from its module and name as it is met"
+    Code = CarriedCode # what a carried `CodeType` makes in it
     def __init__(self, file, # the pickle, opened
                  policy, # {(module, qualified name): `Admitted`}
                  allow=(), # classes and functions admitted too (they may be called while loading)
                  where='its pickle', # the pickle, for messages
+                 source=None, # the file it is in, for messages
+                 then=None, # what else checks what the load built, given it and `source` (`load_learner`'s: a Learner's places)
                  **kwargs): # pickle's: `encoding`, `errors`, `fix_imports`
         if not getattr(file, 'seekable', lambda: False)(): file = io.BytesIO(file.read())
         super().__init__(file, **kwargs)
-        self.file,self.policy,self.where,self.kwargs = file,policy,where,kwargs
+        self.file,self.policy,self.where,self.source,self.then,self.kwargs = file,policy,where,source,then,kwargs
         self.allowed = {(o.__module__, o.__qualname__): o for o in allow}
-        self.met = {} # id(object) -> (name, kind): the globals, methods and stand-ins this load made
+        self.met = {} # id(object) -> (name, kind): the globals, guards, methods and stand-ins this load made
         self.keep = [] # those objects, alive while the ids mean them
         self.imported,self.seen = {},set() # the admitted globals the dry run imported; the (module, name)s it met
-        self.carried,self.guards = set(),set() # ids of what took the place of code carried by value; of the guards this load handed out
+        self.carries = {} # id(object) -> 'function' or 'class': what took the place of a function or class carried by value
         self.marks = {} # id(object) -> where the policy lets what the load builds hold it (`Admitted.only`)
 
     def load(self):
-        "The pickle's object, once a dry run of it (`ExportCheck`) has found nothing the policy refuses: loaded from the bytes the dry run read, so that a file changed meanwhile cannot change what is loaded"
+        "The pickle's object, once a dry run of it (`ExportCheck`) has found nothing the policy refuses, and what it built has passed `BuiltCheck` (and `then`): loaded from the bytes the dry run read, so that a file changed meanwhile cannot change what is loaded"
         if copyreg._inverted_registry:  # pickle caches what an extension code names, process-wide: the dry run would be handed real objects
             self.refuse(f"this process registered pickle extension codes ({len(copyreg._inverted_registry)}, with copyreg.add_extension), "
                         "through which a pickle reaches a global without naming it")
@@ -893,10 +617,11 @@ class ExportUnpickler(pickle.Unpickler):
         persistent_load = getattr(self, 'persistent_load', None)  # torch's, which `__init__` forgets
         super().__init__(io.BytesIO(data), **self.kwargs)
         if persistent_load is not None: self.persistent_load = persistent_load
-        return BuiltCheck(self)(super().load())
+        built = BuiltCheck(self)(super().load())
+        return built if self.then is None else self.then(built, self.source)
 
     def check(self, start):
-        "The dry run of the pickle from `start`: the bytes it read, what it imported and the globals it met; a refusal is read again as met, to say where in the file"
+        "The dry run of the pickle from `start`: the bytes it read, what it imported and the globals it met; a refusal is read again, as met, to say every refusal and where"
         dry_run = ExportCheck(self.file, self.policy, self.allowed, self.proto, self.where, **self.kwargs)
         try:
             dry_run.load()
@@ -906,8 +631,11 @@ class ExportUnpickler(pickle.Unpickler):
         except (pickle.UnpicklingError, EOFError): raise
         except Exception as e: raise pickle.UnpicklingError(f"{self.where} is not a pickle this load can read ({type(e).__name__}: {e})") from None
         self.file.seek(start)
-        ExportCheck(self.file, self.policy, self.allowed, self.proto, self.where, exact=True, **self.kwargs).load()  # the same refusal, saying where
-        raise refused
+        every = ExportCheck(self.file, self.policy, self.allowed, self.proto, self.where, exact=True, collect=True, **self.kwargs)
+        try: every.load()
+        except Exception: pass  # a pickle with its refused parts passed over may not end well: what was met until then is said
+        if not every.refused: raise refused
+        raise UnsafeExportError(refusal_message(every.refused, self.source, every.standing.items())) from None
 
     def refuse(self, what, how=None): _refuse(what, self.where, how)
 
@@ -922,89 +650,46 @@ class ExportUnpickler(pickle.Unpickler):
         if (module, name) not in self.seen: self.refuse(f"it names {full}, which its dry run did not meet")
         if (module, name) in self.allowed: return self.note(self.allowed[(module, name)], full, 'call')
         admitted = admitted_by(self.policy, module, name)
-        if admitted is None: return self.stand_in(full)
+        if admitted is None: return self.stand_in(full, _how_to_admit(module, name) or "the policy does not admit it")
         if admitted.kind == 'guard': return self.guard(getattr(self, f"_guard_{name.rsplit('.', 1)[-1].strip('_')}"), full)
         return self.note(self.imported[(module, name)], full, admitted.kind, admitted.only)  # the dry run met it, so imported it
 
-    def stand_in(self, full):
-        "A `StandIn` for the global `full` the policy does not admit, noted as one"
-        return self.note(StandIn(full, _HOW.format(name=full)), full, 'stand-in')
-
     def kind(self, obj): return self.met.get(id(obj), (None, None))
 
-    def guard(self, func, name):
-        "A guard handed to the file, noted as one: the file may call it, a guard may not"
-        self.guards.add(id(func)); return self.note(func, name, 'call')
-
-    def called_by_guard(self, func):
-        "Refuse unless `func`, which a guard calls, is what the policy lets the file call: never another guard"
-        name,kind = self.kind(func)
-        if kind == 'call' and id(func) not in self.guards: return
-        self.refuse(f"it would have a guard call {name or 'a ' + type(func).__name__} while loading: only a function the policy lets the file call")
-
-    # --- the globals called through a check of their arguments (`guard` in the policy): checked again here, on what the load made
-    def _guard_getattr(self, obj, name, *default):
-        "Only as pickle writes a method reference: an admitted class, and a method the policy admits"
-        owner,kind = self.kind(obj)
-        if kind == 'stand-in': return self.note(StandIn(f"{owner}.{name}", obj.how), f"{owner}.{name}", 'stand-in')
-        bound = self.policy.get((type(obj).__module__, f"{type(obj).__qualname__}.{name}")) if isinstance(name, str) else None
-        if kind is None and not isinstance(obj, type) and bound is not None and bound.kind == 'bound' and not default:
-            return self.note(getattr(obj, name), f"{type(obj).__qualname__}.{name}", 'refer')  # a compiled pattern's `search`
-        if not (isinstance(obj, type) and kind in ('refer', 'new', 'call') and isinstance(name, str) and not default):
-            self.refuse(f"it would call getattr on {owner or 'a ' + type(obj).__name__}, {name!r}: only a method of an admitted class is read so")
-        admitted = self.policy.get((obj.__module__, f"{obj.__qualname__}.{name}"))
-        if admitted is None or admitted.kind == 'guard': return self.stand_in(f"{owner}.{name}")
-        return self.note(getattr(obj, name), f"{owner}.{name}", admitted.kind, admitted.only)
-
-    def _guard_builtin_type(self, name):
-        "cloudpickle's `_builtin_type`: `CodeType` makes only data (`CarriedCode`), `MethodType` binds only admitted functions"
-        if name == 'CodeType': return self.guard(self._carried_code, 'types.CodeType')
-        if name == 'MethodType': return self.guard(self._method_type, 'types.MethodType')
-        if name == 'GenericAlias': return self.guard(self._generic_alias, 'types.GenericAlias')
-        self.refuse(f"it would make the type {name!r} through cloudpickle's _builtin_type: only CodeType, MethodType and GenericAlias are admitted")
-
-    def _generic_alias(self, origin, args):
-        "A type annotation such as `dict[str, Tensor]`: its origin an admitted class"
-        return types.GenericAlias(self._admitted_type(origin, object, 'a type alias'), args)
-
-    def _guard_getitem(self, obj, key):
-        "`operator.getitem` only as pickle writes a type annotation: `Union[...]` of a special form of `typing` the policy refers to"
-        if not (isinstance(obj, typing._SpecialForm) and self.kind(obj)[1] == 'refer'):
-            self.refuse(f"it would call operator.getitem on {self.kind(obj)[0] or 'a ' + type(obj).__name__}: only on a special form of typing (`Union[...]`)")
-        return obj[key]
-
-    def _carried_code(self, *args): return CarriedCode(args)
-
-    def _method_type(self, func, obj):
-        name,kind = self.kind(func)
-        if kind is None: self.refuse(f"it would bind an object it made ({type(func).__name__}) as a method")
-        return types.MethodType(func, obj)
-
-    def _guard_make_function(self, code, globals, name=None, argdefs=None, closure=None):
-        "cloudpickle's function carried by value: a `CarriedFunction`, never its code; `_function_setstate` says which function it stands for"
-        if not isinstance(code, CarriedCode): self.refuse(f"it would make a function of {type(code).__name__}, not of code it carries")
-        name = name if isinstance(name, str) else code.name  # cloudpickle names it in its state, later: its code's name is the same
+    # --- what the load knows of an object, and what a guard hands back in it (see `Guards`)
+    def label(self, obj): return self.kind(obj)[0] or f"a {type(obj).__name__}"
+    def kind_of(self, obj): return self.kind(obj)[1]
+    def admitted(self, obj): return obj if self.kind(obj)[1] in ('refer', 'new', 'call') else None
+    def made(self, what, build, *args): return build(*args)
+    def handed(self, obj, full, kind, only=None): return self.note(obj, full, kind, only)
+    def stand_in(self, full, how): return self.note(StandIn(full, how), full, 'stand-in')
+    def guard(self, func, name): return self.note(func, name, 'guard')  # the file may call it; a guard may not
+    def carried(self, obj, what): self.carries[id(obj)] = what; return obj
+    def carried_as(self, obj): return self.carries.get(id(obj))
+    def carried_code(self, *args): return CarriedCode(args)
+    def carried_function(self, name):
+        "A `CarriedFunction` of `name`: the loading program's own function of that name, if it defines one"
         found = CarriedFunction(name, "define a function of that name in `__main__` before `load_learner`, as fastai asks, and it is used in its place"
                                 if name.isidentifier() else "a lambda is never run from the file: export the Learner with a function of a module, and admit it with `allow=`")
-        found.target = self._main_function(name)
-        self.carried.add(id(found))
-        return self.note(found, f"the function {name} carried as code", 'stand-in')
+        found.target = _main_own(name, types.FunctionType)
+        return self.carried(self.note(found, f"the function {name} carried as code", 'stand-in'), 'function')
+    def type_of(self, obj):
+        t = type(obj)
+        return t if id(t) in self.met else self.note(t, t.__qualname__, 'refer')
+    def bound_method(self, obj, name):
+        "A method the policy lets the file read from an object the load made (`bound`: a compiled pattern's `search`), or None"
+        if self.kind(obj)[1] is not None or isinstance(obj, type): return None
+        admitted = self.policy.get((type(obj).__module__, f"{type(obj).__qualname__}.{name}"))
+        if admitted is not None and admitted.kind == 'bound': return self.note(getattr(obj, name), f"{type(obj).__qualname__}.{name}", 'refer')
 
-    def _main_function(self, name):
-        "The function `name` the loading program defines itself in `__main__`, if any: never one a star import brought there"
-        main = getattr(sys.modules.get('__main__'), name, None) if isinstance(name, str) and name.isidentifier() else None
-        return main if isinstance(main, types.FunctionType) and main.__module__ == '__main__' else None
-
-    def _guard_function_setstate(self, obj, state):
-        "cloudpickle's: the module and name of a function carried by value, and its state: the `CarriedFunction` takes the function this process admits by that name, if any; its code, globals and closure are dropped"
-        if id(obj) not in self.carried or not isinstance(obj, CarriedFunction):
-            self.refuse(f"it would set the state of {self.kind(obj)[0] or type(obj).__name__}, not a function the file carries")
+    def function_state(self, obj, state):
+        "The module and name of a function carried by value, from its state: the `CarriedFunction` takes the function this process admits by that name, if any"
         slots = state[1] if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict) else {}
         module,qualname = slots.get('__module__'),slots.get('__qualname__')
         if not (isinstance(module, str) and isinstance(qualname, str)): return
         full = f"{module}.{qualname}"
         obj.name = full
-        if module == '__main__': obj.target = self._main_function(qualname); return
+        if module == '__main__': obj.target = _main_own(qualname, types.FunctionType); return
         obj.how = _HOW.format(name=full)
         if (module, qualname) in self.allowed: obj.target = self.allowed[(module, qualname)]
         elif (admitted := self.policy.get((module, qualname))) is not None and admitted.kind in ('refer', 'new', 'call'):
@@ -1023,83 +708,20 @@ class ExportUnpickler(pickle.Unpickler):
             self.refuse(f"the function {module}.{qualname} it carries does not fit the code this process has for it")
         return types.FunctionType(code, outer.__globals__, name if isinstance(name, str) else code.co_name, defaults, cells)
 
-    def _guard_subimport(self, name):
-        "cloudpickle's: a module a carried function uses, never imported (the function is never made)"
-        return self.note(StandIn(f"module {name}", "a module named by code the file carries"), f"module {name}", 'stand-in')
-
-    def _guard_reduce(self, function, sequence, *initial):
-        "functools.reduce, with a function the file may call"
-        self.called_by_guard(function)
-        return functools.reduce(function, sequence, *initial)
-
-    def _guard_type(self, *args):
-        "The type of an object, as pickle writes `type(None)`, only referred to; never `type(name, bases, namespace)`, which makes a class"
-        if len(args) != 1: self.refuse("it would make a class with type(name, bases, namespace)")
-        t = type(args[0])
-        return t if id(t) in self.met else self.note(t, t.__qualname__, 'refer')
-
-    def _guard_iter(self, iterable, *sentinel):
-        "An iterator over a container (a pickled iterator's); never `iter(callable, sentinel)`, which calls"
-        if sentinel: self.refuse("it would make iter(callable, sentinel), which calls the callable")
-        return iter(iterable)
-
-    def _guard_encode(self, obj, encoding='utf-8', errors='strict'):
-        "_codecs.encode as protocol 2 writes bytes: latin-1 only (a codec's name would import its module)"
-        if encoding not in ('latin1', 'latin-1') or errors != 'strict' or not isinstance(obj, str): self.refuse(f"it would encode with {encoding!r}")
-        return obj.encode('latin1')
-
-    def _admitted_type(self, cls, base, what):
-        name,kind = self.kind(cls)
-        if not (isinstance(cls, type) and kind in ('refer', 'new', 'call') and issubclass(cls, base)):
-            self.refuse(f"{what} of {name or type(cls).__name__}: only an admitted subclass of {base.__name__}")
-        return cls
-
-    def _guard_defaultdict(self, default_factory=None, *args):
-        "A defaultdict whose factory is an admitted class (called for each missing key, after the load too)"
-        if default_factory is not None: self._admitted_type(default_factory, object, 'a defaultdict')
-        return collections.defaultdict(default_factory, *args)
-
-    def _guard_reconstruct(self, subtype, shape, dtype):
-        "numpy's array rebuilder: an admitted ndarray type"
-        return _np_reconstruct()(self._admitted_type(subtype, np.ndarray, 'an array'), shape, dtype)
-
-    def _guard_new_Index(self, cls, d):
-        "pandas' index rebuilder: an admitted Index type"
-        import pandas as pd
-        from pandas.core.indexes.base import _new_Index
-        return _new_Index(self._admitted_type(cls, pd.Index, 'an index'), d)
-
-    def _guard_pyx_unpickle_NDArrayBacked(self, cls, checksum, state):
-        "pandas' extension array rebuilder: an admitted type"
-        rebuild = _resolve('pandas._libs.arrays', '__pyx_unpickle_NDArrayBacked')  # a name pickle writes: spelt here as a string
-        return rebuild(self._admitted_type(cls, object, 'an extension array'), checksum, state)
-
-    def _guard_reconstructor(self, cls, base, state):
-        "copyreg's rebuilder of protocols 0 and 1: an admitted class, on `object` or a value type"
-        if base not in (object, int, float, str, bytes, tuple, list, dict, set, frozenset): self.refuse(f"copyreg._reconstructor on {base!r}")
-        return copyreg._reconstructor(self._admitted_type(cls, base, 'an object'), base, state)
-
-    def _guard_rebuild_from_type_v2(self, func, new_type, args, state):
-        "torch's tensor-subclass rebuilder: `func` a rebuilder the file may call, `new_type` an admitted Tensor type"
-        self.called_by_guard(func)
-        return _rebuild_from_type_v2(func, self._admitted_type(new_type, torch.Tensor, 'a tensor'), args, state)
-
-def _np_reconstruct():
-    "numpy's `_reconstruct`, wherever this numpy keeps it"
-    return (getattr(np, '_core', None) or np.core).multiarray._reconstruct
-
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e009
 class ExportPickle:
     "A `pickle_module` for `torch.load`: its `Unpickler` is an `ExportUnpickler` with the export policy and `allow`"
     __name__ = 'ddp_safe_fastai.safe_unpickle'
     UnpicklingError = pickle.UnpicklingError
     def __init__(self, allow=(), # classes and functions admitted beside the policy (they may be called while loading)
-                 policy=None): # {(module, name): `Admitted`} (default: `export_policy()`)
+                 policy=None, # {(module, name): `Admitted`} (default: `export_policy()`)
+                 source=None, # the file, for messages
+                 then=None): # what else checks what the load built, given it and `source` (`load_learner`'s: a Learner's places)
         bad = [o for o in allow if not (isinstance(getattr(o, '__module__', None), str) and isinstance(getattr(o, '__qualname__', None), str))]
         if bad: raise ValueError(f"allow={list(allow)!r}: {bad[0]!r} is no class or function (`allow` takes the objects themselves, which pickle names by module and qualified name)")
         policy,allow = export_policy() if policy is None else policy,tuple(allow)
         class Unpickler(ExportUnpickler):
-            def __init__(self, file, **kwargs): super().__init__(file, policy, allow, **kwargs)
+            def __init__(self, file, **kwargs): super().__init__(file, policy, allow, source=source, then=then, **kwargs)
         self.Unpickler = Unpickler
     def load(self, file, **kwargs): return self.Unpickler(file, **kwargs).load()
     def loads(self, data, **kwargs): return self.load(io.BytesIO(data), **kwargs)
@@ -1108,13 +730,14 @@ class ExportPickle:
 def pickle_module_for(what, # the load, for the error: `load_learner`
                       trust=False, # the file may import and run any code: fastai's behaviour, for your own files
                       allow=(), # classes and functions admitted beside what fastai's exports need
-                      pickle_module=None): # another pickle module, with `trust` only
+                      pickle_module=None, # another pickle module, with `trust` only
+                      **kwargs): # `ExportPickle`'s: `source`, `then`
     "The `pickle_module` a load of an export hands `torch.load`: an `ExportPickle`; with `trust`, `pickle_module` (default `pickle`)"
     if pickle_module is not None and not trust:
         raise ValueError(f"{what}(pickle_module={getattr(pickle_module, '__name__', pickle_module)}): another pickle module is used "
                          "only with `trust=True`, as it may run any code the file holds. Without it the load admits what fastai's "
                          "exports need, and what `allow=` names")
-    return (pickle_module or pickle) if trust else ExportPickle(allow)
+    return (pickle_module or pickle) if trust else ExportPickle(allow, **kwargs)
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e00c
 def pickle_of(file):
@@ -1171,23 +794,28 @@ def export_uses(data):
     return uses,carried
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e00d
+def export_verdict(file, # an export, or any file `torch.save` wrote
+                   pickle_module=None): # the load's (default: `ExportPickle(source=file)`)
+    "The default load's decision on `file`, made as `load_learner` makes it (the same unpickler, its dry run and `BuiltCheck`): None where it admits the file, else the `UnsafeExportError` it raises. What it admits is built, then dropped; nothing from the file is run"
+    try: torch.load(file, map_location='cpu', weights_only=False, pickle_module=pickle_module or ExportPickle(source=file))
+    except UnsafeExportError as e: return e
+
 def export_report(file, # an `export.pkl`, a `dls.pkl`, any pickle `torch.save` wrote
-                  policy=None): # default: `export_policy()`
-    "(what the file would import and call, build and refer to, the functions it carries as code, and whether the default load admits it; the verdict): nothing from the file is run"
+                  policy=None, # default: `export_policy()`
+                  then=None): # what else the load checks of what it built (`load_learner`'s: `check_exported_learner`)
+    "(what the file would import and call, build and refer to, the functions it carries as code, and the default load's decision on it; whether it admits the file): nothing from the file is run"
     policy = export_policy() if policy is None else policy
     uses,carried = export_uses(pickle_of(file))
     name = lambda k: f"{k[0]}.{k[1]}"
     called = sorted(k for k,u in uses.items() if 'call' in u)
     built = sorted(k for k,u in uses.items() if 'new' in u and 'call' not in u)
     referred = sorted(k for k,u in uses.items() if not u)
-    refused = [k for how,ks in (('call', called), ('new', built)) for k in ks if not _lets(getattr(admitted_by(policy, *k), 'kind', None), how)]
+    refused = export_verdict(file, ExportPickle(policy=policy, source=file, then=then))
     lines = [f"{file}: a pickle naming {len(uses)} globals",
              f"would call while loading ({len(called)}): " + ', '.join(map(name, called)),
              f"would build ({len(built)}): " + ', '.join(map(name, built)),
              f"refers to ({len(referred)}; those the policy does not name become stand-ins, never imported): " +
              ', '.join(name(k) + ('' if admitted_by(policy, *k) else ' (stand-in)') for k in referred),
-             f"carries as code ({len(carried)}; never run: the loading program's `__main__` function or the library's takes its place): " + ', '.join(carried)]
-    admitted = not refused
-    lines.append("the default load admits it" if admitted else
-                 f"the default load refuses it: it would call or build {', '.join(map(name, refused))}, which the policy does not admit")
-    return '\n'.join(lines),admitted
+             f"carries as code ({len(carried)}; never run: the loading program's `__main__` function or the library's takes its place): " + ', '.join(carried),
+             "the default load admits it" if refused is None else f"the default load refuses it (in a program that defines no function or class of its own): {refused}"]
+    return '\n'.join(lines),refused is None

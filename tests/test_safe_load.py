@@ -6,17 +6,19 @@ from pathlib import Path
 import pytest, torch, cloudpickle
 from fasttransform.transform import Transform
 from ddp_safe_fastai.all import load_learner, UnsafeExportError
-from ddp_safe_fastai.safe_unpickle import admitted_by, export_policy, export_uses, pickle_of
+from ddp_safe_fastai.safe_unpickle import admitted_by, export_policy, export_uses, pickle_of, export_report
+from ddp_safe_fastai.learner import check_exported_learner
 from conftest import values, ranks
 
 HERE = Path(__file__).parent
+TOOLS = HERE.parent/'tools'  # the corpus's tools: `export_corpus.py` makes it, `load_corpus.py` loads it as a user's script
 pytestmark = pytest.mark.xdist_group('safe_load')  # one corpus, made once
 
 @pytest.fixture(scope='module')
 def corpus(tmp_path_factory):
-    "The exports of `export_corpus.py`, made by a process of their own, and what it predicted"
+    "The exports of `tools/export_corpus.py`, made by a process of their own, and what it predicted"
     out = tmp_path_factory.mktemp('corpus')
-    r = subprocess.run([sys.executable, HERE/'export_corpus.py', out], capture_output=True, text=True, timeout=1500, cwd=out)
+    r = subprocess.run([sys.executable, TOOLS/'export_corpus.py', out], capture_output=True, text=True, timeout=1500, cwd=out)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return out, json.loads((out/'corpus.json').read_text())
 
@@ -29,18 +31,28 @@ VISION = {'vision_name_func', 'vision_lambda', 'vision_folders', 'vision_xresnet
           'arch_xresnet_mish', 'torch_sequential', 'opt_sgd', 'opt_ranger', 'opt_qhadam', 'block_name_re', 'block_multi_category',
           'block_regression', 'block_bbox'}
 
+TABLES = {'tabular', 'tabular_regression', 'collab', 'collab_nn', 'collab_metrics', 'text', 'tabular_roc_auc', 'tabular_matthews', 'tabular_loss_weighted',
+          'tabular_loss_focal', 'tabular_callbacks', 'tabular_opt_rmsprop', 'tabular_opt_lamb', 'tabular_opt_radam', 'tabular_opt_adam_wd', 'tabular_opt_sgd_momentum',
+          'tabular_regression_metrics', 'tabular_user_module', 'tabular_user_main'}
+USERS = {'tabular_user_module': 'allow=[corpus_models.TinyTabular]', 'tabular_user_main': 'define a class MainTabular in the loading script'}
+
 @pytest.mark.parametrize('mode', ['define', 'none'])
 def test_corpus_loads_and_predicts(corpus, mode):
     "Each export of the corpus, loaded by default in a script of its own (defining the exporter's functions in `__main__`, or none): the exporter's prediction; the DataLoaders load too; with the functions defined, given those DataLoaders, it fine-tunes"
     out,made = corpus
-    r = subprocess.run([sys.executable, HERE/'load_corpus.py', out, mode], capture_output=True, text=True, timeout=1500, cwd=out)
+    r = subprocess.run([sys.executable, TOOLS/'load_corpus.py', out, mode], capture_output=True, text=True, timeout=1500, cwd=out)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     loaded = json.loads((out/f'loaded-{mode}.json').read_text())
-    assert set(loaded) == (VISION if made['vision'] else set()) | {'tabular', 'tabular_regression', 'collab', 'collab_nn', 'text'}
+    assert set(loaded) == (VISION if made['vision'] else set()) | TABLES
+    assert len(loaded) >= (40 if made['vision'] else 19), len(loaded)  # the dev stack has no torchvision: its tables, collab and text
     for name,res in loaded.items():
+        if mode == 'none' and name in USERS:  # the user's own classes: refused, saying how to admit them
+            assert 'UnsafeExportError' in res['error'] and USERS[name] in res['error'] and '_make_skeleton_class' not in res['error'], (name, res)
+            continue
         assert 'error' not in res, (name, res)
         assert res['predicted'] == made['made'][name], (name, res['predicted'], made['made'][name])
         if mode == 'define': assert res.get('trained') or name in ('block_bbox', 'vision_lambda', 'keypoints'), (name, res)
+        else: assert res['inspected'] == [True, True], (name, res)  # `ddp-safe-check inspect` admits what the load admits
     if made['vision']:
         assert loaded['vision_folders']['label'] == '3'  # fastai's `parent_label`: admitted
         # the exporter's label function, carried as code: the loading script's own where it defines one, else a stand-in
@@ -48,13 +60,13 @@ def test_corpus_loads_and_predicts(corpus, mode):
         assert 'lambda' in loaded['vision_lambda']['label'] and 'UnsafeExportError' in loaded['vision_lambda']['label']
 
 def test_policy_is_the_corpus(corpus):
-    "Every global the corpus names is admitted, by the policy or its rule, or is the exporter's own (`__main__`); every entry resolves to a class or function"
+    "Every global the corpus names is admitted, by the policy or its rule, or is the user's own (`__main__`, `corpus_models`); every entry resolves to a class or function"
     out,made = corpus
     for m in ('fastai.tabular.all', 'fastai.collab', 'fastai.text.all') + (('fastai.vision.all',) if made['vision'] else ()):
         importlib.import_module(m)  # what the loading script imports (the rule admits the classes of modules imported)
     named = exports_globals(sorted(out.glob('*.pkl')))
     policy = export_policy()
-    assert {(m, n) for m,n in named if m != '__main__' and admitted_by(policy, m, n) is None} == set()
+    assert {(m, n) for m,n in named if m not in ('__main__', 'corpus_models') and admitted_by(policy, m, n) is None} == set()  # but the user's own
     for (m,n),a in policy.items():
         if a.kind == 'bound' or not importlib.util.find_spec(m.split('.')[0]): continue
         try: obj = importlib.import_module(m)
@@ -68,6 +80,11 @@ def test_every_guard_has_its_check():
     guards = [n for (m,n),a in export_policy().items() if a.kind == 'guard']
     assert len(guards) >= 14, guards
     for cls in ExportCheck, ExportUnpickler: assert all(hasattr(cls, f"_guard_{n.rsplit('.', 1)[-1].strip('_')}") for n in guards), (cls, guards)
+
+def inspect_refuses(file, error):
+    "Does `ddp-safe-check inspect` refuse `file` with the reason the load's `error` gives?"
+    report,admitted = export_report(file, then=check_exported_learner)
+    return not admitted and str(error).endswith(report.split('the default load refuses it (in a program that defines no function or class of its own): ', 1)[-1])
 
 # --- malicious exports: a real Learner's export carrying a payload, refused before any of it runs
 class Reduce:
@@ -146,6 +163,7 @@ def test_malicious_export_refused(learner, tmp_path, door, i):
     with pytest.raises(UnsafeExportError) as e: load_learner(tmp_path/'export.pkl')
     assert named in str(e.value) and 'nothing from the file was run' in str(e.value), str(e.value)
     assert isinstance(e.value, pickle.UnpicklingError)
+    assert inspect_refuses(tmp_path/'export.pkl', e.value)  # `ddp-safe-check inspect`: the load's own decision
     assert not marker.exists() and victim.read_text() == 'intact'
 
 class PatchType:
@@ -161,7 +179,8 @@ def test_malicious_raw_pickles_refused(tmp_path):
              b'(S"touch ' + str(tmp_path/'ran').encode() + b'"\nios\nsystem\n.': 'os.system'}
     for data,named in cases.items():
         (tmp_path/'export.pkl').write_bytes(data)
-        with pytest.raises(UnsafeExportError, match=re.escape(named)): load_learner(tmp_path/'export.pkl')
+        with pytest.raises(UnsafeExportError, match=re.escape(named)) as e: load_learner(tmp_path/'export.pkl')
+        assert inspect_refuses(tmp_path/'export.pkl', e.value)
     assert not (tmp_path/'ran').exists() and 'exists' not in vars(type(Path('x')))
 
 def test_carried_function_named_as_the_loaders(learner, tmp_path, monkeypatch):
@@ -216,7 +235,7 @@ def test_opting_in(learner, tmp_path):
     learner.payload = Reduce(Reduce, 'an object of the test module')
     try: learner.export(tmp_path/'export.pkl')
     finally: del learner.payload
-    with pytest.raises(UnsafeExportError, match=r'test_safe_load\.Reduce.*allow=\[test_safe_load\.Reduce\]'): load_learner(tmp_path/'export.pkl')
+    with pytest.raises(UnsafeExportError, match=r'(?s)test_safe_load\.Reduce.*allow=\[test_safe_load\.Reduce\].*ddp-safe-check inspect .*export\.pkl'): load_learner(tmp_path/'export.pkl')
     assert isinstance(load_learner(tmp_path/'export.pkl', allow=[Reduce]).payload, Reduce)
     assert isinstance(load_learner(tmp_path/'export.pkl', trust=True).payload, Reduce)
     with pytest.raises(ValueError, match=r'pickle_module=dill.*only with `trust=True`'):
@@ -278,7 +297,7 @@ def test_unlisted_module_never_imported(learner, tmp_path, monkeypatch):
     with pytest.raises(UnsafeExportError, match=r'side_effect_module\.helper was not loaded from the export'): inf.payload(1)
 
 def test_what_a_guard_calls_and_what_a_load_shares(tmp_path):
-    "Hand-built pickles a reviewer found: a guard (`functools.reduce`) calling another guard, whose arguments nothing checks; a class given a carried function's state through `reduce`; a shared enum member given state; a carried function's `target` set by `BUILD`. Each refused, nothing run or changed"
+    "Hand-built pickles a reviewer found: a guard (`functools.reduce`) calling another guard, whose arguments nothing checks; a class given a carried function's state through `reduce`, or a carried class's body (cloudpickle's `_class_setstate` on `Path`); a shared enum member given state; a carried function's `target` set by `BUILD`. Each refused, nothing run or changed"
     import inspect, pathlib, cloudpickle
     from pickle import PROTO, STACK_GLOBAL, MARK, TUPLE, LIST, DICT, REDUCE, NEWOBJ_EX, STOP, NONE, BUILD, BININT1, SHORT_BINUNICODE, EMPTY_DICT, SETITEM, TUPLE2
     from ddp_safe_fastai.safe_unpickle import ExportPickle
@@ -293,10 +312,12 @@ def test_what_a_guard_calls_and_what_a_load_shares(tmp_path):
     setstate = PROTO + b'\x04' + g('functools', 'reduce') + MARK + g('cloudpickle.cloudpickle', '_function_setstate') + MARK + g('pathlib', 'Path') + state + LIST + TUPLE + REDUCE + STOP
     member = PROTO + b'\x04' + g('inspect', '_ParameterKind') + MARK + BININT1 + b'\x01' + TUPLE + REDUCE + MARK + s('_value_') + BININT1 + b'\x07' + DICT + BUILD + STOP
     target = cloudpickle.dumps(carried('label_func', 'def label_func(x): return x'))[:-1] + NONE + EMPTY_DICT + s('target') + g('builtins', 'print') + SETITEM + TUPLE2 + BUILD + STOP
+    class_body = PROTO + b'\x04' + g('cloudpickle.cloudpickle', '_class_setstate') + MARK + g('pathlib', 'Path') + MARK + MARK + s('exists') + BININT1 + b'\x01' + DICT + MARK + DICT + TUPLE + TUPLE + REDUCE + STOP
     for data,named in [(exec_, 'functools.reduce call functools.reduce'), (setstate, 'functools.reduce call cloudpickle.cloudpickle._function_setstate'),
+                       (class_body, 'set the attributes of pathlib.Path, not a class the file carries'),
                        (member, 'change a _ParameterKind, which this process shares'), (target, 'set the state of the function label_func carried as code')]:
         with pytest.raises(UnsafeExportError, match=re.escape(named)): ExportPickle().loads(data)
-    assert not marker.exists() and pathlib.Path('/a/b').name == 'b' and not hasattr(pathlib.Path, 'target')
+    assert not marker.exists() and pathlib.Path('/a/b').name == 'b' and not hasattr(pathlib.Path, 'target') and callable(pathlib.Path.exists)
     assert inspect.Parameter.POSITIONAL_OR_KEYWORD.value == 1
 
 class Swapping(io.BytesIO):
@@ -444,6 +465,7 @@ def test_payloads_after_the_load_refused(learner, tmp_path, kind, i):
     w.snapshot()
     with pytest.raises(UnsafeExportError) as e: w.use(load_learner(tmp_path/'export.pkl'))
     assert named in str(e.value), str(e.value)
+    assert inspect_refuses(tmp_path/'export.pkl', e.value)
     w.check()
 
 def test_main_stands_in_only_for_its_own_functions(learner, tmp_path, monkeypatch):
@@ -516,3 +538,59 @@ def test_a_function_the_load_did_not_hand_out(learner, tmp_path):
     finally: del learner.payload
     with pytest.raises(UnsafeExportError, match='which this load did not hand out'): load_learner(tmp_path/'export.pkl', allow=[Fetches])
     w.check()
+
+def test_a_refusal_says_everything_at_once(learner, tmp_path, monkeypatch):
+    "An export holding a user's model class and loss of their own module, beside a payload: one refusal names each global it would call or build and each that would stand in, the `allow=` that admits the user's own (never the standard library's or a library's internal), and `ddp-safe-check inspect`; with that `allow=` and no payload it loads and predicts"
+    (tmp_path/'my_models.py').write_text("import torch\nclass Net(torch.nn.Module):\n    def __init__(self): super().__init__(); self.lin = torch.nn.Linear(4, 1)\n"
+                                         "    def forward(self, x): return self.lin(x)\ndef my_loss(pred, y): return ((pred.flatten() - y.flatten())**2).mean()\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import my_models
+    model,loss = learner.model,learner.loss_func
+    learner.model,learner.loss_func = my_models.Net(),my_models.my_loss
+    x = torch.tensor([0.5, 0.5, 0.5, 0.5])
+    try:
+        expected = learner.predict(x)[0]
+        learner.export(tmp_path/'mine.pkl')
+        learner.payload = Reduce(os.system, f"touch {tmp_path/'ran'}")
+        learner.export(tmp_path/'export.pkl')
+    finally: learner.model,learner.loss_func = model,loss; del learner.payload
+    with pytest.raises(UnsafeExportError) as e: load_learner(tmp_path/'export.pkl')
+    said = str(e.value)
+    for part in ['build my_models.Net', 'call posix.system', 'stand in and raise if called: my_models.my_loss', 'allow=[my_models.Net, my_models.my_loss]`',
+                 f"ddp-safe-check inspect {tmp_path/'export.pkl'}"]:
+        assert part in said, (part, said)
+    assert 'allow=[posix' not in said and 'posix.system,' not in said and not (tmp_path/'ran').exists()
+    cli = subprocess.run([Path(sys.executable).parent/'ddp-safe-check', 'inspect', str(tmp_path/'export.pkl')], capture_output=True, text=True, timeout=300)
+    assert cli.returncode == 1 and said.split(': ', 1)[1] in cli.stdout, cli.stdout + cli.stderr  # the command says what the load says
+    assert load_learner(tmp_path/'mine.pkl', allow=[my_models.Net, my_models.my_loss]).predict(x)[0] == expected
+
+CLASS_IN_A_NOTEBOOK = """
+import sys, torch
+from pathlib import Path
+from ddp_safe_fastai.all import *
+from ddp_safe_fastai.testing import synth_learner
+class MainModel(torch.nn.Module):
+    def __init__(self): super().__init__(); self.lin = torch.nn.Linear(4, 1)
+    def forward(self, x):
+        BODY
+learn = synth_learner(path='.')
+learn.model = MainModel()
+x = torch.tensor([0.5, 0.5, 0.5, 0.5])
+if sys.argv[1] == 'export': learn.export('export.pkl'); print(float(learn.predict(x)[0][0]))
+else: print(float(load_learner('export.pkl').predict(x)[0][0]))
+"""
+
+def test_a_class_carried_from_a_notebook(tmp_path):
+    "A model class defined where the exporter ran (`__main__`, a notebook's): cloudpickle carries it by value. A loading script that defines no class of that name is refused, told to define it (never to admit cloudpickle's internals); one that defines it loads with its own class, never the file's body, and predicts as the exporter did"
+    def script(name, body):
+        (tmp_path/name).write_text(CLASS_IN_A_NOTEBOOK.replace('BODY', body)); return name
+    run = lambda *a: subprocess.run([sys.executable, *a], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    made = run(script('exporter.py', f"open({str(tmp_path/'ran')!r}, 'w'); return self.lin(x)"), 'export')
+    assert made.returncode == 0, made.stderr[-3000:]
+    (tmp_path/'ran').unlink()
+    (tmp_path/'none.py').write_text("from ddp_safe_fastai.all import *\nload_learner('export.pkl')\n")
+    refused = run('none.py')
+    assert 'define a class MainModel in the loading script' in refused.stderr and '_make_skeleton_class' not in refused.stderr, refused.stderr[-3000:]
+    loaded = run(script('loader.py', 'return self.lin(x)'), 'load')
+    assert loaded.returncode == 0, loaded.stderr[-3000:]
+    assert loaded.stdout.split()[-1] == made.stdout.split()[-1] and not (tmp_path/'ran').exists()

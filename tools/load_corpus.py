@@ -12,6 +12,8 @@ from fastai.tabular.all import *
 try: from fastai.vision.all import *  # as a script that loads a vision export imports it (the dev stack has no torchvision)
 except Exception: pass
 from ddp_safe_fastai.all import *
+from ddp_safe_fastai.safe_unpickle import export_report
+from ddp_safe_fastai.learner import check_exported_learner
 
 warnings.filterwarnings('ignore')
 corpus, mode = Path(sys.argv[1]), sys.argv[2]
@@ -23,6 +25,11 @@ if mode == 'define':
     def digit_value(f): return float(f.parent.name)
     def box_of(f): return [[2., 2., 20., 20.]]
     def box_label(f): return ['digit']
+    class MainTabular(nn.Module):  # the class the exporter's `__main__` defined, as the user's notebook defines it again
+        def __init__(self, n_cont, n_out): super().__init__(); self.lin = nn.Linear(n_cont, n_out)
+        def forward(self, x_cat, x_cont): return self.lin(x_cont)
+    sys.path.insert(0, str(corpus.absolute()))
+    import corpus_models  # the user's module: its class admitted by naming it
 
 def predict(name, learn, sample):
     "What the exporting process recorded of `sample`, predicted by this one"
@@ -54,10 +61,12 @@ made = json.loads((corpus/'corpus.json').read_text())
 out = {}
 for name, sample in made['samples'].items():
     try:
-        learn = load_learner(corpus/f'{name}.pkl')
+        learn = load_learner(corpus/f'{name}.pkl', allow=[corpus_models.TinyTabular] if mode == 'define' else [])
         dls = load_dataloaders(corpus, f'{name}_dls.pkl', device='cpu')
         out[name] = dict(predicted=predict(name, learn, sample), dls=type(dls).__name__,
                          label=label_of(learn) if name.startswith('vision_') else None)
         if mode == 'define' and name not in UNTRAINED: out[name]['trained'] = trains(learn, dls)
+        if mode == 'none':  # `ddp-safe-check inspect`'s decision, in a program that defines no function of its own, as this one
+            out[name]['inspected'] = [export_report(corpus/f, then=check_exported_learner)[1] for f in (f'{name}.pkl', f'{name}_dls.pkl')]
     except Exception as e: out[name] = dict(error=f"{type(e).__name__}: {e}")
 (corpus/f'loaded-{mode}.json').write_text(json.dumps(out, indent=1, default=str))

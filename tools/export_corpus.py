@@ -1,7 +1,8 @@
 """A corpus of real fastai exports, made by this process as a user makes them: the five applications in seven variants,
 with metrics and callbacks, functions and lambdas defined in `__main__` (cloudpickle carries those by value); fastai's other
-metrics, losses, callbacks, blocks, optimizers and architectures, and torch's layers (`ordinary_vision`); a tabular
-regression and a collab model of layers.
+metrics, losses, callbacks, blocks, optimizers and architectures, and torch's layers (`ordinary_vision`, `ordinary_tabular`);
+a user's model class of a module (`corpus_models.py`, written beside the exports) and of `__main__`; a tabular regression and
+collab models of layers and with metrics.
 
     python export_corpus.py OUT   # OUT/{variant}.pkl, and OUT/corpus.json: each variant's sample input and prediction
 
@@ -150,6 +151,52 @@ def tabular(out, path):
                                                 lambda l, x: (l.predict(x)[1], None, l.predict(x)[2]))
     return made, {'tabular': df.iloc[0].to_dict(), 'tabular_regression': row.to_dict()}
 
+USER_MODEL = """import torch
+class TinyTabular(torch.nn.Module):
+    "A user's model of a table: a linear layer on its continuous columns"
+    def __init__(self, n_cont, n_out): super().__init__(); self.lin = torch.nn.Linear(n_cont, n_out)
+    def forward(self, x_cat, x_cont): return self.lin(x_cont)
+"""
+
+class MainTabular(nn.Module):  # a user's model defined in `__main__` (a notebook's): cloudpickle carries the class by value
+    def __init__(self, n_cont, n_out): super().__init__(); self.lin = nn.Linear(n_cont, n_out)
+    def forward(self, x_cat, x_cont): return self.lin(x_cont)
+
+def ordinary_tabular(out, path):
+    "Exports of a table's classifier and regression with fastai's other metrics, losses, callbacks and optimizers, and with a user's model class of a module and of `__main__`"
+    from sklearn.datasets import load_breast_cancer
+    df = load_breast_cancer(as_frame=True).frame
+    df['diagnosis'] = df.pop('target').map({0: 'malignant', 1: 'benign'})
+    cont = [c for c in df.columns if c != 'diagnosis'][:8]
+    (Path(out)/'corpus_models.py').write_text(USER_MODEL)  # the user's module, beside the exports: the loader imports it to admit its class
+    sys.path.insert(0, str(Path(out).absolute()))
+    import corpus_models
+    classify = lambda: TabularDataLoaders.from_df(df, path, procs=[Normalize], cont_names=cont, y_names='diagnosis', valid_idx=list(range(0, len(df), 5)), bs=32)
+    regress = lambda: TabularDataLoaders.from_df(df, path, procs=[Normalize], cont_names=cont[1:], y_names=cont[0], y_block=RegressionBlock(),
+                                                 valid_idx=list(range(0, len(df), 5)), bs=32)
+    learners = {
+        'tabular_roc_auc': lambda: tabular_learner(classify(), layers=[8], metrics=[RocAucBinary(), F1Score(), Recall()]),
+        'tabular_matthews': lambda: tabular_learner(classify(), layers=[8], metrics=[MatthewsCorrCoef(), error_rate, BalancedAccuracy(), CohenKappa()]),
+        'tabular_loss_weighted': lambda: tabular_learner(classify(), layers=[8], loss_func=CrossEntropyLossFlat(weight=tensor([1., 2.]))),
+        'tabular_loss_focal': lambda: tabular_learner(classify(), layers=[8], loss_func=FocalLossFlat(gamma=1.5)),
+        'tabular_callbacks': lambda: tabular_learner(classify(), layers=[8], metrics=accuracy, cbs=[ReduceLROnPlateau(), EarlyStoppingCallback(patience=3),
+                                                                                                  SaveModelCallback(), GradientClip()]),
+        'tabular_opt_rmsprop': lambda: tabular_learner(classify(), layers=[8], opt_func=RMSProp),
+        'tabular_opt_lamb': lambda: tabular_learner(classify(), layers=[8], opt_func=Lamb),
+        'tabular_opt_radam': lambda: tabular_learner(classify(), layers=[8], opt_func=RAdam),
+        'tabular_opt_adam_wd': lambda: tabular_learner(classify(), layers=[8], opt_func=partial(Adam, wd=0.1)),
+        'tabular_opt_sgd_momentum': lambda: tabular_learner(classify(), layers=[8], opt_func=partial(SGD, mom=0.9)),
+        'tabular_regression_metrics': lambda: tabular_learner(regress(), layers=[8], loss_func=L1LossFlat(), metrics=[mae, R2Score(), ExplainedVariance()]),
+        'tabular_user_module': lambda: TabularLearner(classify(), corpus_models.TinyTabular(len(cont), 2), metrics=accuracy),
+        'tabular_user_main': lambda: TabularLearner(classify(), MainTabular(len(cont), 2), metrics=accuracy)}
+    made,samples = {},{}
+    for name,make in learners.items():
+        set_seed(1)
+        row = df.iloc[0].drop(cont[0]) if 'regression' in name else df.iloc[0]
+        made[name] = fit_and_export(make(), out, name, row, lambda l, x: (l.predict(x)[1], None, l.predict(x)[2]))
+        samples[name] = row.to_dict()
+    return made,samples
+
 def collab(out, path):
     rng = np.random.default_rng(0)
     df = pd.DataFrame(dict(user=rng.integers(0, 20, 400), film=rng.choice([f'film{i}' for i in range(15)], 400),
@@ -164,6 +211,8 @@ def collab(out, path):
     made = {'collab': fit_and_export(learn, out, 'collab', sample, predict)}
     set_seed(1)
     made['collab_nn'] = fit_and_export(collab_learner(dls, use_nn=True, layers=[8], y_range=(0.5, 5.5)), out, 'collab_nn', sample, predict)
+    set_seed(1)
+    made['collab_metrics'] = fit_and_export(collab_learner(dls, n_factors=8, y_range=(0.5, 5.5), metrics=[mae, rmse]), out, 'collab_metrics', sample, predict)
     return made, {k: sample.to_dict('list') for k in made}
 
 def text(out, path):
@@ -186,7 +235,7 @@ if __name__ == '__main__':
         images,sample = vision(out, work)
         images.update(ordinary_vision(out, work, digit_files(work/'digits')))
         made.update(images); samples.update({k: sample for k in images})
-    for application in tabular, collab:
+    for application in tabular, ordinary_tabular, collab:
         res,sample = application(out, work)
         made.update(res); samples.update(sample)
     made['text'],samples['text'] = text(out, work)
