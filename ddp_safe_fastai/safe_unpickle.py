@@ -341,6 +341,7 @@ class ExportCheck(Guards, pickle.Unpickler):
         self.py2_names = proto < 3 and kwargs.get('fix_imports', True)
         self.imported,self.seen = {},set() # (module, name) -> the admitted global, for the load that follows; every (module, name) met
         self.refused,self.standing = [],{} # the refusals noted; {global: what `allow=` would name} of the stand-ins met and not refused
+        self.storage = _Made(self, 'a storage') # what every storage is in it: it holds nothing
 
     def refuse(self, what, how=None, name=None):
         "Refuse what the file would do; with `collect`, note it (`name`: what `allow=` would admit) and go on with a `_Made` in its place"
@@ -363,7 +364,7 @@ class ExportCheck(Guards, pickle.Unpickler):
 
     def persistent_load(self, pid):
         "What torch's loader makes of a persistent id: a storage, or in its older format the class a module's id names"
-        return pid[1] if isinstance(pid, tuple) and len(pid) > 1 and pid[0] == 'module' and isinstance(pid[1], _Global) else _Made(self, 'a storage')
+        return pid[1] if isinstance(pid, tuple) and len(pid) > 1 and pid[0] == 'module' and isinstance(pid[1], _Global) else self.storage
 
     def token(self, full, kind, real=None, how=None, run=None, allow=None):
         "A `_Global` for `full`: what the policy lets the file do with it (`kind`), the object it names (`real`, admitted ones only), how to admit it (`allow`: the name `allow=` takes), and what its call does (`run`, a guard's); `made`, what each call and build of it makes"
@@ -446,6 +447,7 @@ class BuiltCheck:
     "The check of what an `ExportUnpickler` built, before it is handed back: each object's state against its class, each callable where it may be called"
     def __init__(self, unpickler): # what it handed the file, and its policy's marks
         self.u,self.tensors,self.expanded = unpickler,[],0 # the tensors it met; the bytes of views larger than their storage
+        self.methods = {} # class -> `_method_names` of it, once a load
     def __call__(self, root):
         "`root`, once every object it reaches has passed; else an `UnsafeExportError` naming what holds what"
         seen,todo = set(),[(root, None, None)]
@@ -466,10 +468,10 @@ class BuiltCheck:
 
     def parts(self, obj, kind, owner, attr):
         "What `obj` holds, each with where it is held: a container's items (a partial's arguments, a method's object) where the container is, an object's attributes at their names"
-        if kind == 'items':
-            if not isinstance(obj, dict): return [(o, owner, attr) for o in obj]
+        if kind == 'items':  # a plain value among them holds nothing: left out here
+            if not isinstance(obj, dict): return [(o, owner, attr) for o in obj if type(o) not in _PLAIN]
             factory = [(obj.default_factory, owner, attr)] if isinstance(obj, collections.defaultdict) else []
-            return factory + [(o, owner, attr) for kv in obj.items() for o in kv]
+            return factory + [(o, owner, attr) for kv in obj.items() for o in kv if type(o) not in _PLAIN]
         if kind == 'routine':
             if isinstance(obj, functools.partial): return [(o, owner, attr) for o in (*obj.args, *obj.keywords.values(), *vars(obj).values())]
             return [(obj.__self__, owner, attr)] if isinstance(obj, types.MethodType) else []
@@ -492,7 +494,8 @@ class BuiltCheck:
         "An object's state: no method of its class shadowed, fastcore's delegation only as its class sets it, a module's parts of their kinds"
         state,cls = getattr(obj, '__dict__', None),type(obj)
         if not isinstance(state, dict): return []
-        for k in _method_names(cls, tuple(len(vars(k)) for k in cls.__mro__)) & state.keys(): self.shadowing(obj, k, state[k])
+        if (methods := self.methods.get(cls)) is None: methods = self.methods[cls] = _method_names(cls, tuple(len(vars(k)) for k in cls.__mro__))
+        for k in methods & state.keys(): self.shadowing(obj, k, state[k])
         if isinstance(obj, torch.nn.Module):
             for k,kind in _MODULE_PARTS.items():
                 if any(o is not None and not isinstance(o, kind) for o in state.get(k, {}).values()): self.refuse(obj, k, f"what is no {kind.__name__}")

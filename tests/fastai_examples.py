@@ -1,6 +1,6 @@
 """fastai's own distributed examples, as written but on small data made here (no downloads): the six cells of its
 `distributed_app_examples` notebook (`notebook_launcher` with `distrib_ctx(in_notebook=True)`), `distrib.py` and
-`train_imdbclassifier.py` (under torchrun). Each is followed by what a user does next with the trained model, on every
+`train_imagenette.py` with `--fp16` and `train_imdbclassifier.py` (under torchrun). Each is followed by what a user does next with the trained model, on every
 rank: save and load it, export it and `load_learner` the export.
 
     python fastai_examples.py APP ROOT PORT SEED   # one notebook cell: APP in `APPS`"""
@@ -163,7 +163,7 @@ def keypoints(path, root):
     learn.dls = learn.dls.new_empty()  # `get_ctr` is a closure, as in the notebook: `export` cannot pickle it
     return learn
 
-# fastai's scripts for torchrun, `nbs/examples/distrib.py` and `train_imdbclassifier.py`: `untar_data` makes the data here
+# fastai's scripts for torchrun, `nbs/examples/distrib.py`, `train_imagenette.py` and `train_imdbclassifier.py`: `untar_data` makes the data here
 
 def imagewoof(path, n=12):
     "Image folders `train/CLASS` and `val/CLASS`, as in Imagewoof"
@@ -186,6 +186,17 @@ def distrib_py(root):
                     batch_tfms=Normalize.from_stats(*imagenet_stats)).dataloaders(path, path=path, bs=4, num_workers=0)
     learn = Learner(dls, xresnet50(n_out=10), metrics=[accuracy,top_k_accuracy])
     with learn.distrib_ctx(): learn.fit_flat_cos(1, 1e-3, cbs=MixUp(0.1))
+    return after_training(learn)
+
+def train_imagenette_py(root):
+    "`train_imagenette.py` with `--fp16`: Imagenette folders, `xresnet50` with `act_cls=nn.Mish`, `ranger`, label smoothing, `to_fp16()`, `fit_flat_cos` (on CPU, autocast does nothing); then the same"
+    path = rank0_first(imagewoof, Path(root)/'imagenette')
+    dls = DataBlock(blocks=(ImageBlock, CategoryBlock), splitter=GrandparentSplitter(valid_name='val'),
+                    get_items=get_image_files, get_y=parent_label, item_tfms=[RandomResizedCrop(32, min_scale=0.35), FlipItem(0.5)],
+                    batch_tfms=Normalize.from_stats(*imagenet_stats)).dataloaders(path, path=path, bs=4, num_workers=0)
+    learn = Learner(dls, xresnet50(n_out=10, act_cls=nn.Mish, sa=False, sym=False, pool=MaxPool), opt_func=ranger,
+                    metrics=[accuracy, top_k_accuracy], loss_func=LabelSmoothingCrossEntropy()).to_fp16()
+    with learn.distrib_ctx(): learn.fit_flat_cos(1, 1e-3, wd=1e-2)
     return after_training(learn)
 
 def train_imdbclassifier(root):

@@ -72,10 +72,10 @@ def test_after_user_ends_group(tmp_path):
         runs.append((r0, r1))
     assert runs[1][1]['after']['loaded'] != runs[0][1]['after']['loaded']
 
-@pytest.mark.parametrize('script', ['distrib_py', 'train_imdbclassifier'])
+@pytest.mark.parametrize('script', ['distrib_py', 'train_imagenette_py', 'train_imdbclassifier'])
 def test_fastai_script(script, tmp_path):
-    "fastai's scripts for torchrun, on small data, then save, load, export and `load_learner` on every rank"
-    if script == 'distrib_py' and not torchvision_imports(): pytest.skip("torchvision runs in the 'latest' environment")
+    "fastai's scripts for torchrun, on small data, then save, load, export and `load_learner` (by default) on every rank"
+    if script in ('distrib_py', 'train_imagenette_py') and not torchvision_imports(): pytest.skip("torchvision runs in the 'latest' environment")
     r0,r1 = values(ranks(getattr(fe, script), str(tmp_path), init=False, timeout=300))
     assert r0['world'] == r1['world'] == 2
     holds_rank0s(r0, r1)
