@@ -450,15 +450,16 @@ class BuiltCheck:
         self.methods = {} # class -> `_method_names` of it, once a load
     def __call__(self, root):
         "`root`, once every object it reaches has passed; else an `UnsafeExportError` naming what holds what"
-        seen,todo = set(),[(root, None, None)]
+        seen,todo,kinds = set(),[(root, None, None)],{}
         while todo:
             obj,owner,attr = todo.pop()
-            kind = _walk_kind(type(obj))
+            tp = type(obj)
+            if (kind := kinds.get(tp)) is None: kind = kinds[tp] = _walk_kind(tp)
             if kind == 'leaf' or kind == 'items' and not obj: continue
             if kind == 'routine': self.callable(obj, owner, attr)
             if id(obj) in seen: continue
             seen.add(id(obj))
-            todo.extend(self.parts(obj, kind, owner, attr))
+            todo.extend(self.attributes(obj) if kind == 'object' else self.parts(obj, kind, owner, attr))
         if self.expanded > 1 << 20 and self.expanded > (stored := self.stored()):
             self.refuse(None, None, f"views of {self.expanded} bytes over {stored} bytes of storage: at most as much as it stores, or a MiB")
         return root
@@ -476,15 +477,15 @@ class BuiltCheck:
             if isinstance(obj, functools.partial): return [(o, owner, attr) for o in (*obj.args, *obj.keywords.values(), *vars(obj).values())]
             return [(obj.__self__, owner, attr)] if isinstance(obj, types.MethodType) else []
         if kind == 'tensor': return self.tensor(obj)
-        if kind == 'array': return [(o, owner, attr) for o in obj.ravel().tolist()] if obj.dtype.hasobject else []
-        return self.attributes(obj)
+        return [(o, owner, attr) for o in obj.ravel().tolist()] if obj.dtype.hasobject else []  # an array
 
     def tensor(self, t):
         "A tensor kept (its storage counted if need be), and the bytes of a view larger than its storage (an expanded one: never a contiguous tensor); its attributes and hooks"
         self.tensors.append(t)
-        if t.layout == torch.strided and not t.is_contiguous() and t.numel() * t.element_size() > t.untyped_storage().nbytes():
+        if not t.is_contiguous() and t.layout == torch.strided and t.numel() * t.element_size() > t.untyped_storage().nbytes():
             self.expanded += t.numel() * t.element_size()
-        return [(v, t, k) for k,v in t.__dict__.items()] + ([(t._backward_hooks, t, '_backward_hooks')] if t._backward_hooks else [])
+        held = t.__dict__
+        return ([(v, t, k) for k,v in held.items()] if held else []) + ([(t._backward_hooks, t, '_backward_hooks')] if t._backward_hooks else [])
 
     def stored(self):
         "The bytes of the storages of the tensors it met, each storage once"
@@ -498,13 +499,13 @@ class BuiltCheck:
         for k in methods & state.keys(): self.shadowing(obj, k, state[k])
         if isinstance(obj, torch.nn.Module):
             for k,kind in _MODULE_PARTS.items():
-                if any(o is not None and not isinstance(o, kind) for o in state.get(k, {}).values()): self.refuse(obj, k, f"what is no {kind.__name__}")
+                if (part := state.get(k)) and any(o is not None and not isinstance(o, kind) for o in part.values()): self.refuse(obj, k, f"what is no {kind.__name__}")
         if isinstance(obj, GetAttr):
             if state.get('_default', cls._default) != cls._default: self.refuse(obj, '_default', f"{state['_default']!r}: its delegation is its class's")
             to = state.get(cls._default)
             if not (to is None or isinstance(to, (list, tuple, dict)) or self.built(to)):
                 self.refuse(obj, cls._default, f"a {type(to).__name__}, to which it would hand its attributes")
-        return [(v, obj, k) for k,v in state.items() if not (type(v) in _PLAIN or type(v) in _CONTAINERS and not v)]
+        return [(v, obj, k) for k,v in state.items() if not ((t := type(v)) in _PLAIN or t in _CONTAINERS and not v)]
 
     def built(self, obj):
         "Is `obj` an instance of a class the policy lets the file build (not a routine, a value type or a stand-in)?"

@@ -416,6 +416,7 @@ def after_load_payloads(w, root):
     "kind -> [(change to a real export, what the refusal names)]: each reaches fastai's calls after the load (`load_learner`'s, `predict`'s, the callbacks' events)"
     import functools, fastcore.basics, fastai.data.load, fastai.callback.hook, fastai.vision.core
     from fastai.callback.tracker import SaveModelCallback
+    from fastai.callback.progress import CSVLogger
     from fastai.data.core import TfmdLists
     def cb(learn, **state):
         c = learn.cbs[0]
@@ -445,7 +446,9 @@ def after_load_payloads(w, root):
         'files the file names, written or read': [
             (lambda l: setattr(l, 'model_dir', str(root/'elsewhere')), 'model_dir'),
             (lambda l: l.add_cb(SaveModelCallback(fname='../victim')), "fname '../victim'"),
-            (lambda l: setattr(l.cbs[0], 'learn', torch.load(root/'export.pkl', weights_only=False)), 'serves another Learner')],
+            (lambda l: setattr(l.cbs[0], 'learn', torch.load(root/'export.pkl', weights_only=False)), 'serves another Learner'),
+            (lambda l: l.add_cb(tensorboard_callback(log_dir=str(root/'elsewhere'))), "log_dir '"),
+            (lambda l: l.add_cb(CSVLogger(fname=str(root/'victim'))), "CSVLogger's fname Path('/")],
         'memory out of proportion': [
             (lambda l: setattr(l, 'payload', torch.zeros(1).expand(10**8)), 'views of 400000000 bytes'),
             (lambda l: setattr(l.model, 'extra', torch.nn.Parameter(torch.zeros(2).expand(10**6, 2), requires_grad=False)), 'views of 8000000 bytes')],
@@ -453,7 +456,13 @@ def after_load_payloads(w, root):
 
 AFTER_LOAD = [(kind, i) for kind,n in [("the state of what `load_learner` calls (`dls.cpu`, a callback's events)", 4), ('delegation to what the file chooses', 4),
               ("fastai's own functions where fastai calls them", 6), ('a guard of the load, kept in what it built', 2),
-              ('files the file names, written or read', 3), ('memory out of proportion', 2)] for i in range(n)]
+              ('files the file names, written or read', 5), ('memory out of proportion', 2)] for i in range(n)]
+
+def tensorboard_callback(**kwargs):
+    "fastai's `TensorBoardCallback`, where tensorboard is installed (the latest stack)"
+    pytest.importorskip('tensorboard')
+    from fastai.callback.tensorboard import TensorBoardCallback
+    return TensorBoardCallback(**kwargs)
 
 @pytest.mark.parametrize('kind,i', AFTER_LOAD)
 def test_payloads_after_the_load_refused(learner, tmp_path, kind, i):
