@@ -96,10 +96,15 @@ def test_census_tests_exist():
         file,_,name = w.test.partition('::')
         assert (here/file).exists() and (not name or re.search(rf"^def {name}\(", (here/file).read_text(), re.M)), w
 
-def test_readme_has_the_census():
-    "The README holds the census of fastai's writers as `census_table()` makes it"
+def test_the_census_is_on_its_page():
+    "The changes page shows the census of fastai's writers as `census_table()` makes it when the site is built (every row a writer of `fastai_writers`), and the README, a front door of at most 10 KB, links there"
     from ddp_safe_fastai.changes import census_table
-    assert census_table() in (Path(__file__).parent.parent/'README.md').read_text()
+    root = Path(__file__).parent.parent
+    cells = json.loads((root/'nbs'/'95_changes.ipynb').read_text())['cells']
+    assert any(''.join(c['source']).strip().endswith('Markdown(census_table())') for c in cells if c['cell_type'] == 'code')
+    assert census_table().count("\n| `") == len(fastai_writers)  # a row for each
+    readme = (root/'README.md').read_text()
+    assert len(readme.encode()) <= 10_000 and '(95_changes.ipynb)' in readme and '## How to use' in readme, len(readme.encode())
 
 CHECK_DEFAULTS = '''
 import fastai.basics
