@@ -4,7 +4,7 @@
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e001
 from __future__ import annotations
-import io, re, sys, enum, types, typing, random, inspect, pickle, _compat_pickle, importlib, functools, copyreg, collections, operator
+import io, re, gc, sys, enum, types, typing, random, inspect, pickle, _compat_pickle, importlib, functools, copyreg, collections, operator
 import numpy as np, torch
 from torch._tensor import _rebuild_from_type_v2
 from dataclasses import dataclass
@@ -617,11 +617,16 @@ class ExportUnpickler(Guards, pickle.Unpickler):
         head = self.file.read(2)
         self.proto = head[1] if head[:1] == pickle.PROTO else 0
         self.file.seek(start)
-        data,self.imported,self.seen = self.check(start)
-        persistent_load = getattr(self, 'persistent_load', None)  # torch's, which `__init__` forgets
-        super().__init__(io.BytesIO(data), **self.kwargs)
-        if persistent_load is not None: self.persistent_load = persistent_load
-        built = BuiltCheck(self)(super().load())
+        collecting = gc.isenabled()  # the load's many objects would set off the collector again and again, each time over the whole process
+        gc.disable()
+        try:
+            data,self.imported,self.seen = self.check(start)
+            persistent_load = getattr(self, 'persistent_load', None)  # torch's, which `__init__` forgets
+            super().__init__(io.BytesIO(data), **self.kwargs)
+            if persistent_load is not None: self.persistent_load = persistent_load
+            built = BuiltCheck(self)(super().load())
+        finally:
+            if collecting: gc.enable()
         return built if self.then is None else self.then(built, self.source)
 
     def check(self, start):

@@ -4,7 +4,7 @@ metrics, losses, callbacks, blocks, optimizers and architectures, and torch's la
 a user's model class of a module (`corpus_models.py`, written beside the exports) and of `__main__`; a tabular regression and
 collab models of layers and with metrics.
 
-    python export_corpus.py OUT   # OUT/{variant}.pkl, and OUT/corpus.json: each variant's sample input and prediction
+    python export_corpus.py OUT [--first]  # OUT/{variant}.pkl, and OUT/corpus.json: each variant's sample input and prediction
 
 Data is made here (scikit-learn's bundled digits, tables and texts; masks drawn from the digits): nothing is downloaded.
 Where torchvision does not import beside this environment's torch (the dev environment's CPU wheel), the vision
@@ -231,14 +231,15 @@ if __name__ == '__main__':
     out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
     work = out/'data'
     made, samples = {}, {}
+    first = sys.argv[2:] == ['--first']  # the first vision variants alone: what `benchmarks/safe_load.py` loads
     if torchvision_imports():
         images,sample = vision(out, work)
-        images.update(ordinary_vision(out, work, digit_files(work/'digits')))
+        if not first: images.update(ordinary_vision(out, work, digit_files(work/'digits')))
         made.update(images); samples.update({k: sample for k in images})
-    for application in tabular, ordinary_tabular, collab:
+    for application in () if first else (tabular, ordinary_tabular, collab):
         res,sample = application(out, work)
         made.update(res); samples.update(sample)
-    made['text'],samples['text'] = text(out, work)
+    if not first: made['text'],samples['text'] = text(out, work)
     import fastai, fastcore
     (out/'corpus.json').write_text(json.dumps(dict(fastai=fastai.__version__, fastcore=fastcore.__version__, torch=torch.__version__,
         vision=torchvision_imports(), made=made, samples=samples), indent=1, default=str))
