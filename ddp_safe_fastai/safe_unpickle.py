@@ -105,7 +105,7 @@ class Guards:
             cls = self.admitted(obj)
             if isinstance(cls, type):
                 admitted = self.policy.get((cls.__module__, f"{cls.__qualname__}.{name}"))
-                if admitted is None or admitted.kind == 'guard': return self.stand_in(f"{label}.{name}", _HOW.format(name=f"{label}.{name}"))
+                if admitted is None or admitted.kind == 'guard': return self.stand_in(f"{label}.{name}", "a method the policy does not admit (`allow=` names classes and functions, not the methods read from them)")
                 return self.handed(getattr(cls, name), f"{label}.{name}", admitted.kind, admitted.only)
             if (method := self.bound_method(obj, name)) is not None: return method
         return self.refuse(f"it would call getattr on {label}, {name!r}: only a method of an admitted class is read so")
