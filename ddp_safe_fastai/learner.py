@@ -172,16 +172,15 @@ def _inside(place):
     "Is `place` (a str or a path) a name inside a folder (relative, without '..'), or a URL of object storage (a `CheckpointCallback`'s bucket, written only with the credentials you give)?"
     return isinstance(place, (str, PurePath)) and ('://' in str(place) or not Path(place).is_absolute() and '..' not in Path(place).parts)
 
-def check_exported_learner(obj, # what a default load built, once `BuiltCheck` has passed it
-                           file): # the file it read, for messages
+def check_exported_learner(obj): # what a default load built, once `BuiltCheck` has passed it
     "`obj`, where it is no `Learner`, or a `Learner` whose saves and logs stay inside its folder and whose callbacks each serve it; else an `UnsafeExportError`. The default load's own check, after `BuiltCheck` (see `pickle_module_for`'s `then`)"
     if not isinstance(obj, Learner): return obj
-    if not _inside(obj.model_dir): raise UnsafeExportError(f"load_learner {file}: its model_dir {obj.model_dir!r} is not a folder inside the Learner's")
+    if not _inside(obj.model_dir): raise UnsafeExportError(f"its model_dir {obj.model_dir!r} is not a folder inside the Learner's")
     for cb in obj.cbs:
-        if vars(cb).get('learn', obj) is not obj: raise UnsafeExportError(f"load_learner {file}: its {type(cb).__name__} serves another Learner")
+        if vars(cb).get('learn', obj) is not obj: raise UnsafeExportError(f"its {type(cb).__name__} serves another Learner")
         for attr in ('fname', 'log_dir'):  # where a callback writes: fastai's trackers and loggers, TensorBoard's
             if (place := getattr(cb, attr, None)) is not None and not _inside(place):
-                raise UnsafeExportError(f"load_learner {file}: its {type(cb).__name__}'s {attr} {place!r} is not a name inside the Learner's folder")
+                raise UnsafeExportError(f"its {type(cb).__name__}'s {attr} {place!r} is not a name inside the Learner's folder")
     return obj
 
 def _settle_export(learn, file):

@@ -596,7 +596,7 @@ class ExportUnpickler(Guards, pickle.Unpickler):
                  allow=(), # classes and functions admitted too (they may be called while loading)
                  where='its pickle', # the pickle, for messages
                  source=None, # the file it is in, for messages
-                 then=None, # what else checks what the load built, given it and `source` (`load_learner`'s: a Learner's places)
+                 then=None, # what else checks what the load built, given it (`load_learner`'s: a Learner's places)
                  **kwargs): # pickle's: `encoding`, `errors`, `fix_imports`
         if not getattr(file, 'seekable', lambda: False)(): file = io.BytesIO(file.read())
         super().__init__(file, **kwargs)
@@ -627,7 +627,7 @@ class ExportUnpickler(Guards, pickle.Unpickler):
             built = BuiltCheck(self)(super().load())
         finally:
             if collecting: gc.enable()
-        return built if self.then is None else self.then(built, self.source)
+        return built if self.then is None else self.then(built)
 
     def check(self, start):
         "The dry run of the pickle from `start`: the bytes it read, what it imported and the globals it met; a refusal is read again, as met, to say every refusal and where"
@@ -725,7 +725,7 @@ class ExportPickle:
     def __init__(self, allow=(), # classes and functions admitted beside the policy (they may be called while loading)
                  policy=None, # {(module, name): `Admitted`} (default: `export_policy()`)
                  source=None, # the file, for messages
-                 then=None): # what else checks what the load built, given it and `source` (`load_learner`'s: a Learner's places)
+                 then=None): # what else checks what the load built, given it (`load_learner`'s: a Learner's places)
         bad = [o for o in allow if not (isinstance(getattr(o, '__module__', None), str) and isinstance(getattr(o, '__qualname__', None), str))]
         if bad: raise ValueError(f"allow={list(allow)!r}: {bad[0]!r} is no class or function (`allow` takes the objects themselves, which pickle names by module and qualified name)")
         policy,allow = export_policy() if policy is None else policy,tuple(allow)
