@@ -234,7 +234,7 @@ def _how_to_admit(module, name):
     if module.startswith(POLICY_RULE.modules) and module not in sys.modules:
         return (f"Import {module} before the load (the policy admits the classes of the fastai, torch, torchvision and timm modules "
                 f"the loading program has imported: `from fastai.vision.all import *` imports fastai's), or admit it: " + _HOW.format(name=f"{module}.{name}"))
-    return _HOW.format(name=_allow_name(module, name)) if _allow_name(module, name) else None
+    return _HOW.format(name=allow) if (allow := _allow_name(module, name)) else None
 
 def _refuse(what, at, how=None):
     raise UnsafeExportError(f"{what} (at {at}); nothing from the file was run. " + (how or "Load it with `trust=True` only if you trust its author"))
