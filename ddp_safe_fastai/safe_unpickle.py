@@ -4,7 +4,7 @@
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e001
 from __future__ import annotations
-import io, re, gc, sys, enum, types, typing, random, inspect, pickle, _compat_pickle, importlib, functools, copyreg, collections, operator
+import io, re, gc, sys, enum, types, typing, random, inspect, pickle, _compat_pickle, importlib, functools, copyreg, collections, operator, itertools, contextlib, contextvars
 import numpy as np, torch
 from torch._tensor import _rebuild_from_type_v2
 from dataclasses import dataclass
@@ -259,8 +259,11 @@ def refusal_message(refused, # (what the file would do, where, how to admit it, 
                       *([f"If those are your own and you trust the file's author, admit them: `allow=[{', '.join(names)}]`."] if names else []), *hows,
                       f"`ddp-safe-check inspect {source or 'FILE'}` lists every global it names. `trust=True` is fastai's load, which may run any code: only for a file you trust."])
 
+_DRY_RUN = contextvars.ContextVar('the `ExportCheck` running in this thread')  # what a `_Global` or a `_Made` reports to: a token of an admitted global serves every dry run
+
 class _Global(type):
-    "A global the file names, in `ExportCheck`'s dry run: a type (so that pickle may build with it), which imports, calls and updates nothing itself; what the file does with it goes to its `check`"
+    "A global the file names, in `ExportCheck`'s dry run: a type (so that pickle may build with it), which imports, calls and updates nothing itself; what the file does with it goes to the dry run that runs (`check`)"
+    check = property(lambda g: _DRY_RUN.get())
     def __call__(g, *args, **kwargs):
         if g.kind == 'call': return g.made
         if g.run is not None: return g.run(*args, **kwargs)
@@ -278,8 +281,9 @@ def _new_global(g, *args, **kwargs):
 
 class _Made:
     "What a call, a build or a storage makes, in `ExportCheck`'s dry run: the file may give it state and items, never call it"
-    __slots__ = ('check', 'by')
-    def __init__(self, check, by): self.check,self.by = check,by # `by`: the `_Global` that made it, or what it is
+    __slots__ = ('by',)
+    check = property(lambda self: _DRY_RUN.get())
+    def __init__(self, by): self.by = by # the `_Global` that made it, or what it is
     def __call__(self, *args, **kwargs): return self.check.refuse(f"it would call {self.check.label(self)} while loading")
     def __setstate__(self, state): self.check.attributes(self, state)
     def __setitem__(self, key, value): pass
@@ -299,7 +303,7 @@ class _Member(_Made):
 class _Code(_Made):
     "The arguments of a `CodeType` the file would make, in `ExportCheck`'s dry run"
     __slots__ = ('args',)
-    def __init__(self, check, args): super().__init__(check, 'code the file carries'); self.args = args
+    def __init__(self, args): super().__init__('code the file carries'); self.args = args
 
 class _Kept:
     "A file as `ExportCheck` reads it, each byte once: what pickle's C unpickler reads is kept for the load that follows (`data`). `peek` hands the unpickler up to a mebibyte read ahead, and `done` gives the file back what it did not use; without `peek` (`exact`) the unpickler reads each opcode with a call of `read`, so that the file's `tell` says where it is"
@@ -341,13 +345,19 @@ class ExportCheck(Guards, pickle.Unpickler):
         self.py2_names = proto < 3 and kwargs.get('fix_imports', True)
         self.imported,self.seen = {},set() # (module, name) -> the admitted global, for the load that follows; every (module, name) met
         self.refused,self.standing = [],{} # the refusals noted; {global: what `allow=` would name} of the stand-ins met and not refused
-        self.storage = _Made(self, 'a storage') # what every storage is in it: it holds nothing
+        self.storage = _Made('a storage') # what every storage is in it: it holds nothing
 
     def refuse(self, what, how=None, name=None):
         "Refuse what the file would do; with `collect`, note it (`name`: what `allow=` would admit) and go on with a `_Made` in its place"
         if not self.collect: _refuse(what, f"byte {self.file.tell()} of {self.where}" if self.exact else self.where, how)
         self.refused.append((what, f"byte {self.file.tell()}", how, name))
-        return _Made(self, 'what it was refused')
+        return _Made('what it was refused')
+
+    def load(self):
+        "Run the pickle; the `_Global`s and `_Made`s report to this dry run while it runs"
+        running = _DRY_RUN.set(self)
+        try: return super().load()
+        finally: _DRY_RUN.reset(running)
 
     def find_class(self, module, name):
         module,name = _named(module, name, self.py2_names)
@@ -360,7 +370,8 @@ class ExportCheck(Guards, pickle.Unpickler):
             return self.token(full, 'stand-in', how=_how_to_admit(module, name), allow=self.standing[full])
         if admitted.kind == 'guard': return self.guard(getattr(self, f"_guard_{name.rsplit('.', 1)[-1].strip('_')}"), full)
         real = self.imported[(module, name)] = _import(module, name)
-        return self.token(full, admitted.kind, real)
+        try: return _admitted_token(full, admitted.kind, real)
+        except TypeError: return self.token(full, admitted.kind, real)  # an object no dict can key
 
     def persistent_load(self, pid):
         "What torch's loader makes of a persistent id: a storage, or in its older format the class a module's id names"
@@ -368,10 +379,7 @@ class ExportCheck(Guards, pickle.Unpickler):
 
     def token(self, full, kind, real=None, how=None, run=None, allow=None):
         "A `_Global` for `full`: what the policy lets the file do with it (`kind`), the object it names (`real`, admitted ones only), how to admit it (`allow`: the name `allow=` takes), and what its call does (`run`, a guard's); `made`, what each call and build of it makes"
-        g = _Global(full.rsplit('.', 1)[-1], (), dict(__new__=_new_global, __slots__=(), check=self, full=full, kind=kind, real=real,
-                                                      how=how, run=run, allow=allow, carried=None))
-        g.made = (_Member if isinstance(real, type) and issubclass(real, enum.Enum) else _Made)(self, g)  # one for all: it holds nothing of what is done to it
-        return g
+        return _token(full, kind, real, how, run, allow)
 
     # --- what the dry run knows of an object, and what a guard hands back in it (see `Guards`)
     def label(self, obj):
@@ -380,13 +388,13 @@ class ExportCheck(Guards, pickle.Unpickler):
         return f"a {type(obj).__name__}"
     def kind_of(self, obj): return obj.kind if isinstance(obj, _Global) else None
     def admitted(self, obj): return obj.real if isinstance(obj, _Global) and obj.kind in ('refer', 'new', 'call') else None
-    def made(self, what, build, *args): return _Made(self, what)
+    def made(self, what, build, *args): return _Made(what)
     def handed(self, obj, full, kind, only=None): return self.token(full, kind, obj)
     def stand_in(self, full, how): return self.token(full, 'stand-in', how=how)
     def guard(self, func, name): return self.token(name, 'guard', run=func)
     def carried(self, g, what): g.carried = what; return g
     def carried_as(self, obj): return obj.carried if isinstance(obj, _Global) else None
-    def carried_code(self, *args): return _Code(self, args)
+    def carried_code(self, *args): return _Code(args)
     def carried_function(self, name):
         return self.carried(self.stand_in(f"the function {name} carried as code", "a function the file carries is never run from it: define one "
                                           "of that name in `__main__`, or admit the library's with `allow=`"), 'function')
@@ -421,6 +429,16 @@ class ExportCheck(Guards, pickle.Unpickler):
         if isinstance(state, tuple) and len(state) == 2 and isinstance(state[1], dict) and any(str(k).startswith('__') for k in state[1]):
             self.refuse(f"it would set {[k for k in state[1] if str(k).startswith('__')]} of {self.label(obj)}")
 
+def _token(full, kind, real=None, how=None, run=None, allow=None):
+    g = _Global(full.rsplit('.', 1)[-1], (), dict(__new__=_new_global, __slots__=(), full=full, kind=kind, real=real, how=how, run=run, allow=allow, carried=None))
+    g.made = (_Member if isinstance(real, type) and issubclass(real, enum.Enum) else _Made)(g)  # one for all: it holds nothing of what is done to it
+    return g
+
+@functools.lru_cache(maxsize=4096)
+def _admitted_token(full, kind, real):
+    "The token of a global the policy admits, made once a process (a class costs microseconds to make, and an export names a hundred): nothing of a dry run changes it"
+    return _token(full, kind, real)
+
 # %% ../nbs/15_safe_unpickle.ipynb #b17c0001
 _LEAVES = (str, bytes, bytearray, int, float, complex, bool, type(None), range, slice, type(Ellipsis), PurePath, torch.dtype, torch.device,
            np.dtype, np.generic, enum.Enum, re.Pattern, random.Random)
@@ -438,6 +456,7 @@ def _walk_kind(tp):
     return 'tensor' if issubclass(tp, torch.Tensor) else 'array' if issubclass(tp, np.ndarray) else 'object'
 
 _MODULE_PARTS = {'_modules': torch.nn.Module, '_parameters': torch.Tensor, '_buffers': torch.Tensor}  # what `Module.__getattr__` hands out
+_is_not_none = functools.partial(operator.is_not, None)
 
 def _is_a(obj, full):
     "Is `obj` an instance of the class named `full` (module and qualified name), or of a subclass?"
@@ -496,10 +515,10 @@ class BuiltCheck:
         state,cls = getattr(obj, '__dict__', None),type(obj)
         if not isinstance(state, dict): return []
         if (methods := self.methods.get(cls)) is None: methods = self.methods[cls] = _method_names(cls, tuple(len(vars(k)) for k in cls.__mro__))
-        for k in methods & state.keys(): self.shadowing(obj, k, state[k])
+        for k in methods.intersection(state): self.shadowing(obj, k, state[k])
         if isinstance(obj, torch.nn.Module):
             for k,kind in _MODULE_PARTS.items():
-                if (part := state.get(k)) and any(o is not None and not isinstance(o, kind) for o in part.values()): self.refuse(obj, k, f"what is no {kind.__name__}")
+                if (part := state.get(k)) and not all(map(isinstance, filter(_is_not_none, part.values()), itertools.repeat(kind))): self.refuse(obj, k, f"what is no {kind.__name__}")
         if isinstance(obj, GetAttr):
             if state.get('_default', cls._default) != cls._default: self.refuse(obj, '_default', f"{state['_default']!r}: its delegation is its class's")
             to = state.get(cls._default)
@@ -588,6 +607,15 @@ def _defining_class(f):
     return owner if isinstance(owner, type) else type(None)
 
 # %% ../nbs/15_safe_unpickle.ipynb #a1c0e007
+@contextlib.contextmanager
+def _collector_held():
+    "The garbage collector off while a check runs: the many small objects it makes and drops would set it off again and again, each time over every young object of the process"
+    collecting = gc.isenabled()
+    gc.disable()
+    try: yield
+    finally:
+        if collecting: gc.enable()
+
 class ExportUnpickler(Guards, pickle.Unpickler):
     "pickle's C unpickler, run on a pickle only once `ExportCheck` has checked every call, build and update it asks for; each global decided by `policy` from its module and name as it is met"
     Code = CarriedCode # what a carried `CodeType` makes in it
@@ -617,16 +645,12 @@ class ExportUnpickler(Guards, pickle.Unpickler):
         head = self.file.read(2)
         self.proto = head[1] if head[:1] == pickle.PROTO else 0
         self.file.seek(start)
-        collecting = gc.isenabled()  # the load's many objects would set off the collector again and again, each time over the whole process
-        gc.disable()
-        try:
-            data,self.imported,self.seen = self.check(start)
-            persistent_load = getattr(self, 'persistent_load', None)  # torch's, which `__init__` forgets
-            super().__init__(io.BytesIO(data), **self.kwargs)
-            if persistent_load is not None: self.persistent_load = persistent_load
-            built = BuiltCheck(self)(super().load())
-        finally:
-            if collecting: gc.enable()
+        with _collector_held(): data,self.imported,self.seen = self.check(start)
+        persistent_load = getattr(self, 'persistent_load', None)  # torch's, which `__init__` forgets
+        super().__init__(io.BytesIO(data), **self.kwargs)
+        if persistent_load is not None: self.persistent_load = persistent_load
+        built = super().load()
+        with _collector_held(): BuiltCheck(self)(built)
         return built if self.then is None else self.then(built)
 
     def check(self, start):

@@ -1,7 +1,7 @@
 """`safe_unpickle` (nbs/15_safe_unpickle.ipynb) and `load_learner`'s default (nbs/41_learner.ipynb): real exports of the
 five applications load and predict what their exporter predicted; malicious exports are refused, naming their global,
 and their payloads never run"""
-import io, os, re, sys, json, types, shutil, pickle, subprocess, operator, importlib
+import io, os, re, sys, json, types, shutil, pickle, subprocess, operator, importlib, collections
 from pathlib import Path
 import pytest, torch, cloudpickle
 from fasttransform.transform import Transform
@@ -334,6 +334,29 @@ def test_a_file_changed_between_the_check_and_the_load(tmp_path):
     from ddp_safe_fastai.safe_unpickle import ExportPickle
     benign,evil = pickle.dumps({'w': 1}, protocol=2),pickle.dumps(Reduce(os.system, f"touch {tmp_path/'ran'}"), protocol=2)
     assert ExportPickle().load(Swapping(benign, evil)) == {'w': 1}
+    assert not (tmp_path/'ran').exists()
+
+def test_loads_at_once_in_threads(tmp_path):
+    "Loads in threads at once, as a server makes them: the tokens of admitted globals serve every dry run, and each reports to its own (each refusal lists its own file's globals, never another's; an admitted pickle loads)"
+    import threading
+    from ddp_safe_fastai.safe_unpickle import ExportPickle
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads take turns at almost every bytecode
+    files = {named: pickle.dumps([Path('x'), collections.OrderedDict(a=1), Reduce(f, f"touch {tmp_path/'ran'}")], protocol=4)
+             for named,f in [('posix.system', os.system), ('subprocess.run', subprocess.run)]}
+    found,ok = {named: set() for named in files},[]
+    def load(named, data):
+        for _ in range(50):
+            try: ExportPickle(source=named).loads(data)
+            except UnsafeExportError as e: found[named].update(n for n in files if n in str(e))
+            ok.append(ExportPickle().loads(pickle.dumps([Path('y'), collections.OrderedDict(b=2)], protocol=4)) == [Path('y'), {'b': 2}])
+    threads = [threading.Thread(target=load, args=kv) for kv in files.items()]
+    try:
+        for t in threads: t.start()
+        for t in threads: t.join(120)
+    finally: sys.setswitchinterval(interval)
+    assert not any(t.is_alive() for t in threads), 'a load never ended'
+    assert found == {named: {named} for named in files} and len(ok) == 100 and all(ok), (found, ok.count(False))
     assert not (tmp_path/'ran').exists()
 
 def test_extension_codes_refused(tmp_path):
