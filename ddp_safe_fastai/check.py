@@ -20,7 +20,7 @@ from .reads import load_state
 from .safe_unpickle import export_report
 from .learner import check_exported_learner
 from .persist import save_state
-from .storage import storage_for
+from .storage import LocalStorage, storage_for
 from .checkpoint_dir import checkpoints_report, StoredCheckpoints, training_position_of
 from .memory_tier import memory_runs, MemoryCheckpoints, read_run_identity
 from .launch import RanksStalled, spawn_ranks
@@ -439,7 +439,7 @@ def _inspect_main(a):
         print(report); return 0 if admitted else 1
     try: storage = storage_for(a.path)  # a local directory, or a store's URL, as `CheckpointCallback(fname=...)` names them
     except Exception as e: print(f"{a.path}: {describe(e)}"); return 2
-    if storage.local is None:  # a bucket's checkpoints, as `CheckpointCallback(fname=URL)` uploads them
+    if not isinstance(storage, LocalStorage):  # a bucket's checkpoints, as `CheckpointCallback(fname=URL)` uploads them
         try:
             if not storage.exists(): print(f"{a.path}: nothing there (no such bucket, container or prefix)"); return 2
             stored = StoredCheckpoints(storage)

@@ -22,7 +22,7 @@ from .resume import ResumePoint
 from .manifest import check_format
 from .train_state import (apply_state, capture_state, RecordedFloats, epoch_fraction, get_rng_state, inner_dls, read_training_state,
                           resume_within_epoch, rng_state_for, step_tensors, world_size)
-from .storage import checkpoint_name
+from .storage import checkpoint_name, LocalStorage
 from .checkpoint_dir import CheckpointDir, StoredCheckpoints, training_position_of
 from .object_store import CallbackStorage
 from .memory_tier import MemoryTier, read_memory_checkpoint, restarts_left, run_identity
@@ -184,7 +184,7 @@ class CheckpointCallback(CallbackStorage, Callback):
         if storage is not None and fname != 'ckpt': raise ValueError(f"CheckpointCallback(fname={fname!r}, storage={storage!r}): give one of them")
         store_attr(but='storage_options,storage')
         self.use_storage(destination(fname, '.')[1], storage, storage_options)
-        self.sent = self.where is not None and (storage is None or storage.local is None)  # committed locally, then uploaded
+        self.sent = self.where is not None and not isinstance(storage, LocalStorage)  # committed locally, then uploaded
         self.what = f"CheckpointCallback({'storage=' + repr(storage) if storage is not None else 'fname=' + repr(fname)})"
         if self.sent and scope != 'global':  # each node's writer would upload, rotate and move `latest` on its own
             raise ValueError(f"CheckpointCallback(fname={fname!r}, scope={scope!r}): a bucket is one place for every node; use scope='global'")

@@ -12,8 +12,9 @@ from .files import atomic_write
 from .checksums import checksum, checksum_kind, checksum_types, manifest_checksum
 
 # %% auto #0
-__all__ = ['FORMAT', 'manifest_of', 'write_manifest', 'parse_manifest', 'read_manifest', 'why_unlike_manifest', 'why_incomplete',
-           'is_complete', 'copy_checked', 'CheckpointFormatError', 'check_format']
+__all__ = ['FORMAT', 'manifest_of', 'write_manifest', 'parse_manifest', 'read_manifest', 'why_unlike_entry',
+           'why_unlike_manifest', 'why_incomplete', 'is_complete', 'copy_checked', 'CheckpointFormatError',
+           'check_format']
 
 # %% ../nbs/21_manifest.ipynb #01e056c0
 FORMAT = 3 # the checkpoint format this release writes: `capture_state`'s keys, in `model.pth`, `state.pth`, `rng.pth` and `manifest.json`
@@ -44,13 +45,13 @@ def read_manifest(ckpt):
     except OSError: return None
 
 # %% ../nbs/21_manifest.ipynb #560a99fc
-def _why_unlike(f, # the file's name
+def why_unlike_entry(f, # the file's name
                 entry, # what the manifest says of it
                 size, # its bytes
-                digest): # a function giving its checksum: called only if the size is right
+                digest): # a function giving its checksum, called only if the size is right; None: the size alone is compared
     "Why file `f` does not match its manifest's `entry`; None if it does"
     if size != entry['size']: return f"{f} has {size} bytes, the manifest says {entry['size']}"
-    if (kind := checksum_kind(entry)) and digest() != entry[kind]: return f"{f} does not match its checksum: it was changed or damaged"
+    if digest is not None and (kind := checksum_kind(entry)) and digest() != entry[kind]: return f"{f} does not match its checksum: it was changed or damaged"
 
 # %% ../nbs/21_manifest.ipynb #5c17a1cb
 def why_unlike_manifest(ckpt, # a checkpoint's directory
@@ -60,7 +61,7 @@ def why_unlike_manifest(ckpt, # a checkpoint's directory
     for f,e in m['files'].items():
         p = Path(ckpt)/f
         if not p.is_file(): return f"{f} is missing"
-        if why := _why_unlike(f, e, p.stat().st_size, lambda: checksum(p, checksum_kind(e))): return why
+        if why := why_unlike_entry(f, e, p.stat().st_size, lambda: checksum(p, checksum_kind(e))): return why
     return None
 
 # %% ../nbs/21_manifest.ipynb #d2c8fb49
@@ -85,7 +86,7 @@ def copy_checked(src, # a file open for reading: a local one, or one fsspec open
     with open(dest, 'wb') as out:
         while b := src.read(chunk): out.write(b); h.update(b); size += len(b)
         if durable: out.flush(); os.fsync(out.fileno())
-    return _why_unlike(f, entry, size, h.hexdigest)
+    return why_unlike_entry(f, entry, size, h.hexdigest)
 
 # %% ../nbs/21_manifest.ipynb #ecabee8c
 class CheckpointFormatError(CheckpointError):

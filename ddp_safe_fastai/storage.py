@@ -4,7 +4,8 @@
 
 # %% ../nbs/31_storage.ipynb #6109f15d
 from __future__ import annotations
-import os, re, shutil, inspect, logging
+import os, re, abc, json, shutil, inspect, tempfile
+import torch
 from contextlib import suppress
 from pathlib import Path
 from fastcore.imports import noop
@@ -14,7 +15,8 @@ from .files import atomic_torch_save, atomic_write, check_room, flush_to_disk, g
 from .written import link_written, remove_tree, replaced_since_written, unlink_written, written_files
 from .transport import bound_s3_requests, RemoteFiles, retrying, s3_defaults
 from .reads import is_torch_zip
-from .manifest import copy_checked, why_unlike_manifest, write_manifest
+from .checksums import checksum, checksum_kind, checksum_types, manifest_checksum
+from .manifest import copy_checked, manifest_of, why_unlike_entry
 
 # %% auto #0
 __all__ = ['checkpoint_name', 'parse_checkpoint_name', 'CheckpointStorage', 'LocalStorage', 'FsspecStorage', 'S3Storage',
@@ -35,60 +37,139 @@ def parse_checkpoint_name(name): # a name found where checkpoints are kept
     return None if m is None else (int(m.group(1)), int(m.group(2) or 0))
 
 # %% ../nbs/31_storage.ipynb #7a74811a
-class CheckpointStorage:
-    "A place for checkpoints (`NAME/<files>`, `NAME/manifest.json`, `latest`) and for the single files a user saves: all that the callbacks, `Learner.export` and `ddp-safe-check` ask of one"
+class CheckpointStorage(abc.ABC):
+    "A place for checkpoints (`NAME/<files>`, `NAME/manifest.json`, `latest`) and for the single files a user saves, on five primitives over whole objects; the commit protocol, written here once, on them"
     where = None  # the directory or URL: in messages, and node memory names a run's folder by it
-    local = None  # the local directory, where the place is one: checkpoints are committed there; None where they are sent
+    local = None  # the local directory of a `LocalStorage`, where checkpoints are committed in place; None where they are sent
     endpoint = None  # where a store's requests go, for messages
     def __repr__(self): return f"{type(self).__name__}({str(self.where)!r})"
+
+    # the primitives: a name is a path under `where`, its parts joined by '/'
+    @abc.abstractmethod
+    def list_objects(self, prefix): "The last parts of the names directly under `prefix` ('': the top): objects, and prefixes of deeper ones; [] if none"
+    @abc.abstractmethod
+    def get_object(self, name): "The object `name` open for reading, a binary file (and a context manager); `FileNotFoundError` if there is none"
+    @abc.abstractmethod
+    def put_object(self, name, src): "Write `src` (bytes, or a local file's `Path`) as the object `name`, whole: it is seen whole or not at all"
+    @abc.abstractmethod
+    def delete_object(self, name): "Remove the object `name`, or every object under the prefix `name`; nothing if there is none"
+    @abc.abstractmethod
+    def object_size(self, name): "The bytes of the object `name`, or None if there is none"
+
     # the checkpoints
-    def names(self): "The names of the checkpoints there, as listed now, sorted"; raise NotImplementedError
-    def read(self, *names): "The bytes of the small file at `names` (`latest`, a manifest), or None if there is none"; raise NotImplementedError
-    def begin(self, name, nbytes=0, leaving=list): "Make ready to write checkpoint `name` (about `nbytes` bytes of states; `leaving()`: the checkpoints that go once it is committed); one of that name left incomplete goes first"; raise NotImplementedError
-    def put(self, local, *names): "Write the local file `local` to `names`, whole: it is seen whole or not at all"; raise NotImplementedError
-    def save(self, obj, *names, reuse=None): "Write the state `obj` to `names` with `torch.save`, whole; `reuse`: a file this process wrote that may hold it"; raise NotImplementedError
-    def put_manifest(self, name, files, info): "Write checkpoint `name`'s manifest, last: its `files` with their sizes and checksums and `info` (or `info`'s bytes as they are)"; raise NotImplementedError
-    def set_latest(self, name): "Move the pointer: `latest` names checkpoint `name`"; raise NotImplementedError
-    def why_incomplete(self, name, manifest): "Why checkpoint `name` cannot be resumed from as it is kept, given its `manifest` (None: it has none); None if complete"; raise NotImplementedError
-    def size(self, name): "The bytes of checkpoint `name`'s files"; raise NotImplementedError
-    def remove(self, name): "Remove checkpoint `name`, its manifest first: it is never seen complete with a file missing"; raise NotImplementedError
-    def get(self, local, entry, *names, until=None): "Copy `names` to the local file `local`, checked against `entry` (its size and checksum in the manifest) as it comes; `CheckpointError` if it does not match"; raise NotImplementedError
+    def names(self):
+        "The names of the checkpoints there, as listed now, sorted: not a stray `epoch_x` someone put there"
+        return sorted(n for n in self.list_objects('') if parse_checkpoint_name(n))
+    def read(self, *names):
+        "The bytes of the small file at `names` (`latest`, a manifest), or None if there is none"
+        try:
+            with self.get_object('/'.join(names)) as f: return f.read()
+        except FileNotFoundError: return None
+    def begin(self, name, nbytes=0, leaving=list):
+        "Make ready to write checkpoint `name` (about `nbytes` bytes of states; `leaving()`: the checkpoints that go once it is committed): one of that name left incomplete loses its manifest first, so that no file written over is taken for part of it"
+        self.delete_object(f"{name}/manifest.json")
+    def put(self, local, *names):
+        "Write the local file `local` to `names`, whole"
+        self.put_object('/'.join(names), Path(local))
+    def save(self, obj, *names, reuse=None):
+        "Write the state `obj` to `names` with `torch.save`, whole: saved to a local file, then put (a local directory saves in place, and links `reuse`, a file this process wrote that holds it)"
+        with tempfile.TemporaryDirectory() as d:
+            torch.save(obj, Path(d)/names[-1])
+            self.put(Path(d)/names[-1], *names)
+    def entry(self, name, f):
+        "What checkpoint `name`'s manifest says of its file `f`: its size and CRC-32, read back as it is kept"
+        return dict(size=self.object_size(f"{name}/{f}"), crc32=self.checksum(f"{name}/{f}", 'crc32'))
+    def checksum(self, name, kind):
+        "The checksum `kind` (a key of `checksum_types`) of the object `name`, read whole"
+        h = checksum_types[kind]()
+        with self.get_object(name) as src:
+            while b := src.read(2**22): h.update(b)
+        return h.hexdigest()
+    def put_manifest(self, name, files, info):
+        "Write checkpoint `name`'s manifest, after its files: from here it is complete. `info`'s bytes as they are (a checkpoint sent as its local commit wrote it), or `files`' entries with `info`"
+        data = info if isinstance(info, bytes) else json.dumps(manifest_of({f: self.entry(name, f) for f in files}, **info), indent=1).encode()
+        self.put_object(f"{name}/manifest.json", data)
+    def set_latest(self, name):
+        "Move the pointer, after the manifest: `latest` names checkpoint `name`"
+        self.put_object('latest', name.encode())
+    checks_bytes = False  # `why_incomplete` reads every file for its checksum: where reading is cheap (a local disk); else checksums are checked as a file is read (`get`)
+    def why_incomplete(self, name, manifest):
+        "Why checkpoint `name` cannot be resumed from as it is kept, given its `manifest` (None: it has none); None if complete: every file it lists there, of its size (and checksum, with `checks_bytes`)"
+        if manifest is None: return "no manifest: its write did not finish"
+        for f,e in manifest['files'].items():
+            if (size := self.object_size(f"{name}/{f}")) is None: return f"{f} is missing"
+            if why := why_unlike_entry(f, e, size, (lambda f=f, e=e: self.checksum(f"{name}/{f}", checksum_kind(e))) if self.checks_bytes else None): return why
+    def size(self, name):
+        "The bytes of checkpoint `name`'s files"
+        return sum(self.object_size(f"{name}/{f}") or 0 for f in self.list_objects(name))
+    def remove(self, name):
+        "Remove checkpoint `name`, its manifest first: it is never seen complete with a file missing"
+        self.delete_object(f"{name}/manifest.json")
+        self.delete_object(name)
+    def get(self, local, entry, *names, until=None):
+        "Copy `names` to the local file `local`, checked against `entry` (its size and checksum in the manifest) as it comes; `CheckpointError` if it does not match. `until`: when a store stops retrying"
+        try:
+            with self.get_object('/'.join(names)) as src: why = copy_checked(src, local, names[-1], entry)
+        except OSError as e: why = describe(e)
+        if why: raise CheckpointError(f"copy {self.where}/{'/'.join(names)} to {local}: {why}")
     def until(self): "When the retries of a transfer of several files that starts now stop; None: this place does not retry"; return None
+
     # the place
-    def check(self): "Raise `CheckpointError`, naming the place, unless it can be written (an endpoint that answers, a bucket, credentials)"
-    def exists(self): "Is there anything there (a directory, a bucket, a prefix with files)?"; raise NotImplementedError
+    def check(self): "Raise `CheckpointError`, naming the place, unless it can be written (a store's: an endpoint that answers, a bucket, credentials)"
+    def exists(self):
+        "Is there anything there?"
+        return bool(self.list_objects(''))
     def abort_unfinished_uploads(self): "Abort what killed runs left half-sent there (S3's multipart uploads); their names"; return []
+
     # single files
-    def put_file(self, local, name, until=None, failed=noop): "Write the local file `local` as `name`, whole, trying until `until`; `failed(e)` is told of a failure tried again (here: `put`, once)"; self.put(local, name)
-    def get_file(self, name, local): "Copy `name` to the local file `local`, put in place whole; `CheckpointError` if it cannot be"; raise NotImplementedError
+    def put_file(self, local, name, until=None, failed=noop):
+        "Write the local file `local` as `name`, whole, trying until `until`; `failed(e)` is told of a failure tried again (a store's)"
+        self.put_object(name, Path(local))
+    def get_file(self, name, local):
+        "Copy `name` to the local file `local`, put in place whole; `CheckpointError` if it cannot be"
+        try: src = self.get_object(name)
+        except FileNotFoundError as e: raise CheckpointError(f"copy {self.where}/{name}: {describe(e)}") from e
+        def copy(tmp):
+            with open(tmp, 'wb') as out: shutil.copyfileobj(src, out)
+        with src: atomic_write(Path(local), copy)
 
 # %% ../nbs/31_storage.ipynb #c0a640fe
 class LocalStorage(CheckpointStorage):
-    "The checkpoints and files in the local directory `root`: every file written atomically, checked against the manifest by its size and checksum"
+    "The checkpoints and files in the local directory `root`: committed in place, every file written atomically, checked against the manifest by its size and checksum"
+    checks_bytes = True
     def __init__(self, root, # the directory
                  durable=True, # fsync every file and directory, and write the states around the page cache
                  note_latest=True): # note `latest` as this process's: the next commit refuses to go on if another run replaced it
         self.root,self.durable,self.note_latest = local_path(root),durable,note_latest
         self.where,self.local = str(self.root.absolute()),self.root
 
-    def names(self): return sorted(p.name for p in self.root.glob('epoch_*') if parse_checkpoint_name(p.name))
-    def read(self, *names):
-        try: return self.root.joinpath(*names).read_bytes()
+    def list_objects(self, prefix):
+        try: return sorted(p.name for p in (self.root/prefix).iterdir())
+        except (FileNotFoundError, NotADirectoryError): return []
+    def get_object(self, name): return open(self.root/name, 'rb')
+    def put_object(self, name, src):
+        dst = self.root/name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(src, bytes): atomic_write(dst, lambda tmp: Path(tmp).write_bytes(src), self.durable)
+        else: atomic_write(dst, lambda tmp: shutil.copyfile(src, tmp), self.durable, Path(src).stat().st_size)
+    def delete_object(self, name):
+        if (self.root/name).is_dir(): remove_tree(self.root/name)  # the files this process wrote that had a link there stay its own
+        else:
+            with suppress(FileNotFoundError): (self.root/name).unlink()
+    def object_size(self, name):
+        try: return (self.root/name).stat().st_size if (self.root/name).is_file() else None
         except OSError: return None
 
     def begin(self, name, nbytes=0, leaving=list):
+        "Make ready to write checkpoint `name`: no other run replaced `latest` since this one wrote it, the disk has room, the pages of the checkpoints that go are given back; one of that name left incomplete goes, its manifest first"
         other = replaced_since_written(self.root/'latest')
         if other: raise CheckpointError(f"{other} (checkpoints of two runs would mix in {self.root})")
         check_room(self.root/name, nbytes)
         for n in leaving():
             with suppress(OSError):
                 for p in (self.root/n).iterdir(): give_back_pages(p)
-        ckpt = self.root/name
-        if ckpt.exists(): remove_tree(ckpt)
-        ckpt.mkdir(parents=True)
-
-    def put(self, local, *names):
-        atomic_write(self.root.joinpath(*names), lambda tmp: shutil.copyfile(local, tmp), self.durable, Path(local).stat().st_size)
+        self.remove(name)
+        (self.root/name).mkdir(parents=True)
 
     def save(self, obj, *names, reuse=None):
         dst = self.root.joinpath(*names)
@@ -103,88 +184,62 @@ class LocalStorage(CheckpointStorage):
         if self.durable: flush_to_disk(dst)  # a file written without `durable`: on the disk before the manifest says it is
         return True
 
-    def put_manifest(self, name, files, info):
-        if isinstance(info, bytes): atomic_write(self.root/name/'manifest.json', lambda tmp: Path(tmp).write_bytes(info), self.durable)
-        else: write_manifest(self.root/name, list(files), **info)
+    def entry(self, name, f): return dict(size=(self.root/name/f).stat().st_size, crc32=manifest_checksum(self.root/name/f))  # as `torch.save` recorded it, if it did
+    def checksum(self, name, kind): return checksum(self.root/name, kind)
 
     def set_latest(self, name):
-        latest = (self.root/'latest').absolute()
-        atomic_write(latest, lambda tmp: Path(tmp).write_text(name), self.durable)
-        if self.note_latest: written_files.note(latest)  # this run's: `begin` of the next commit checks it still is
-
-    def why_incomplete(self, name, manifest): return why_unlike_manifest(self.root/name, manifest)
-    def size(self, name): return sum(p.stat().st_size for p in (self.root/name).iterdir() if p.is_file())
-    def remove(self, name):
-        with suppress(OSError): (self.root/name/'manifest.json').unlink()
-        remove_tree(self.root/name)
-
-    def get(self, local, entry, *names, until=None):
-        src = self.root.joinpath(*names)
-        try:
-            with open(src, 'rb') as f: why = copy_checked(f, local, names[-1], entry)
-        except OSError as e: why = describe(e)
-        if why: raise CheckpointError(f"copy {src} to {local}: {why}")
+        super().set_latest(name)
+        if self.note_latest: written_files.note((self.root/'latest').absolute())  # this run's: `begin` of the next commit checks it still is
 
     def exists(self): return self.root.is_dir()
-    def get_file(self, name, local):
-        try: atomic_write(Path(local), lambda tmp: shutil.copyfile(self.root/name, tmp), self.durable)
-        except FileNotFoundError as e: raise CheckpointError(f"copy {self.root/name}: {describe(e)}") from e
 
 # %% ../nbs/31_storage.ipynb #6f53b676
-_log = logging.getLogger('ddp_safe_fastai')
-
-class FsspecStorage(RemoteFiles, CheckpointStorage):
-    "The checkpoints and files under `url`, any fsspec URL (`transport.RemoteFiles`): each file checked against the manifest by its size; a commit's requests retried within one budget"
+class FsspecStorage(CheckpointStorage, RemoteFiles):
+    "The checkpoints and files under `url`, any fsspec URL (`transport.RemoteFiles`): each file checked against the manifest by its size; every write of a commit retried within one budget"
     deadline = None  # the end of the retries of the commit under way
+    endpoint = RemoteFiles.endpoint
+    check,exists,read = RemoteFiles.check,RemoteFiles.exists,RemoteFiles.read  # a small file in one request, never from fsspec's cache
 
     @property
     def where(self): return self.url
-    def until(self): return self.deadline or super().until()
+    def until(self): return self.deadline or RemoteFiles.until(self)
+
+    def list_objects(self, prefix):
+        self.fs.invalidate_cache()  # a listing cached before this run's last write would miss it
+        try: listed = self.fs.ls(self.path(prefix) if prefix else self.root, detail=False)
+        except FileNotFoundError: return []
+        return sorted(p.rstrip('/').rsplit('/', 1)[-1] for p in listed)
+    def get_object(self, name): return self.fs.open(self.path(name), 'rb')
+    def put_object(self, name, src):
+        if isinstance(src, bytes): self.write(src, name, until=self.until())
+        else: RemoteFiles.put(self, src, name, until=self.until())
+    def delete_object(self, name):
+        def rm():  # one object at a time: the S3 API of some servers refuses s3fs's bulk delete without a checksum
+            for f in self.fs.find(self.path(name)) or [self.path(name)]:
+                with suppress(FileNotFoundError): self.fs.rm_file(f)
+            with suppress(OSError): self.fs.rmdir(self.path(name))  # where directories are kept (memory://); S3 has none
+        if self.deadline is None: return rm()  # a rotation's, tried once: the next commit removes what is left
+        retrying(rm, f"remove {self.url_of(name)}", self.deadline, self.retry_for)  # within the commit's budget
+    def object_size(self, name):
+        self.fs.invalidate_cache(self.path(name))  # a size cached before another process wrote it would be stale
+        try: info = self.fs.info(self.path(name))
+        except FileNotFoundError: return None
+        return info['size'] if info.get('type') != 'directory' else None
 
     def begin(self, name, nbytes=0, leaving=list):
-        self.deadline = super().until()  # one budget of retries for the whole commit
-        def rm():
-            try: self.fs.rm_file(self.path(name, 'manifest.json'))
-            except FileNotFoundError: pass
-        retrying(rm, f"upload to {self.url}/{name}/", self.deadline, self.retry_for)
-
-    def put_manifest(self, name, files, info):
-        if not isinstance(info, bytes): raise TypeError(f"{self}: a bucket's manifest is the one its local commit wrote (bytes)")
-        self.write(info, name, 'manifest.json')
+        self.deadline = RemoteFiles.until(self)  # one budget of retries for the whole commit
+        super().begin(name, nbytes, leaving)
 
     def set_latest(self, name):
-        try: self.write(name.encode(), 'latest')
+        try: super().set_latest(name)
         finally: self.deadline = None
 
     def get(self, local, entry, *names, until=None):
+        "Download `names` to `local`, checked as it comes, tried again from its start until `until`"
         why = self.reading(lambda src: copy_checked(src, local, names[-1], entry), *names, until=until)
         if why: raise CheckpointError(f"download {self.url_of(*names)} to {local}: {why}")
 
-    def names(self):
-        self.fs.invalidate_cache()
-        try: listed = [p.rstrip('/').rsplit('/', 1)[-1] for p in self.fs.ls(self.root, detail=False)]
-        except FileNotFoundError: return []
-        return sorted(n for n in listed if parse_checkpoint_name(n))  # not a stray `epoch_x` someone put there
-
-    def why_incomplete(self, name, manifest):
-        if manifest is None: return "no manifest: its upload did not finish"
-        self.fs.invalidate_cache()
-        for f,e in manifest['files'].items():
-            try: size = self.fs.info(self.path(name, f))['size']
-            except FileNotFoundError: return f"{f} is missing"
-            if size != e['size']: return f"{f} has {size} bytes, the manifest says {e['size']}"
-        return None
-
-    def size(self, name): return self.fs.du(self.path(name))
-
-    def remove(self, name):
-        try:
-            files = sorted(self.fs.find(self.path(name)), key=lambda p: not p.endswith('/manifest.json'))
-            for f in files: self.fs.rm_file(f)
-            with suppress(OSError): self.fs.rmdir(self.path(name))  # where directories are kept (memory://, local); S3 has none
-        except Exception as e: _log.warning(f"{self.url}/{name} not removed yet ({describe(e)}): it will be after the next upload")
-
-    def put_file(self, local, name, until=None, failed=noop): self.put(local, name, until=until, failed=failed)
+    def put_file(self, local, name, until=None, failed=noop): RemoteFiles.put(self, local, name, until=until, failed=failed)
 
     def get_file(self, name, local):
         def copy(src, tmp):
@@ -246,7 +301,7 @@ def file_place(fname, # a file's name under `folder`; or a URL of object storage
                storage=None): # a `CheckpointStorage` to keep it in, instead of a URL `fname` (then `fname` is its name there)
     "Where a single file goes: its local path, the location it is also sent to (None: written locally alone), and its name there"
     if storage is not None and is_url(fname): raise ValueError(f"{fname}: a URL and a storage ({storage!r}) are both given: give one")
-    if storage is not None and storage.local is not None: return Path(storage.local)/fname,None,fname
+    if isinstance(storage, LocalStorage): return Path(storage.local)/fname,None,fname
     local,url = destination(fname if storage is None else f"{storage.where}/{fname}", folder)
     if url is None: return local,None,fname
     where,_,name = url.rpartition('/')

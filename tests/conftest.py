@@ -234,7 +234,7 @@ def swift(tmp_path_factory): yield from _server('swift', 'DDP_SAFE_SWIFT_DIR', S
 @pytest.fixture(scope='session')
 def azurite(tmp_path_factory): yield from _server('azurite', 'DDP_SAFE_AZURITE_DIR', Azurite, tmp_path_factory)
 
-_shared = {'swift': 'object storage', 'azurite': 'object storage', 'store': 'object storage', 'hosts_apart': 'network namespaces'}
+_shared = {'swift': 'object storage', 'azurite': 'object storage', 'store': 'object storage', 'storage': 'object storage', 'hosts_apart': 'network namespaces'}
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which reads the marks to name each test's group
 def pytest_collection_modifyitems(items):

@@ -2,37 +2,34 @@
 registration, handed to both callbacks and `Learner.export` (`storage=`) or named by its URL, on 2 ranks under
 torchrun: a run killed after its second epoch, its disk wiped, resumes from that storage; the export holds no storage
 and finds it again where it loads. The class here keeps files as an object store does, in a local folder"""
-import shutil
+import os, shutil
 from pathlib import Path
 import torch
 from ddp_safe_fastai.all import *
+from ddp_safe_fastai.storage import CheckpointStorage
 from ddp_safe_fastai.locations import register_storage
-from ddp_safe_fastai.storage import CheckpointStorage, parse_checkpoint_name
-from ddp_safe_fastai.manifest import copy_checked, why_unlike_manifest
-from ddp_safe_fastai.files import atomic_write
 from ddp_safe_fastai.testing import synth_learner
 from conftest import values, ranks
 from test_object_store import KillAfter  # once epoch `epoch` is checkpointed and sent, and the best model too
 
 class FolderStore(CheckpointStorage):
-    "A local folder that behaves like an object store (`folder:///path`): files written whole, nothing renamed, no directory of its own"
+    "A local folder that behaves like an object store (`folder:///path`): each object written whole, nothing renamed but the object itself"
     def __init__(self, url): self.where,self.root = url,Path(url[len('folder://'):])
-    def _at(self, *names): return self.root.joinpath(*names)
-    def _write(self, dest, write): atomic_write(dest, write, durable=False)
-    def names(self): return sorted(p.name for p in self.root.glob('epoch_*') if parse_checkpoint_name(p.name))
-    def read(self, *names): return self._at(*names).read_bytes() if self._at(*names).is_file() else None
-    def begin(self, name, nbytes=0, leaving=list): self._at(name, 'manifest.json').unlink(missing_ok=True)
-    def put(self, local, *names): self._write(self._at(*names), lambda tmp: shutil.copyfile(local, tmp))
-    def put_manifest(self, name, files, info): self._write(self._at(name, 'manifest.json'), lambda tmp: Path(tmp).write_bytes(info))
-    def set_latest(self, name): self._write(self._at('latest'), lambda tmp: Path(tmp).write_text(name))
-    def why_incomplete(self, name, manifest): return why_unlike_manifest(self._at(name), manifest)
-    def size(self, name): return sum(p.stat().st_size for p in self._at(name).iterdir())
-    def remove(self, name): self._at(name, 'manifest.json').unlink(missing_ok=True); shutil.rmtree(self._at(name), ignore_errors=True)
-    def get(self, local, entry, *names, until=None):
-        with open(self._at(*names), 'rb') as f:
-            if (why := copy_checked(f, local, names[-1], entry)): raise CheckpointError(f"{self.where}/{'/'.join(names)}: {why}")
-    def exists(self): return self.root.is_dir()
-    def get_file(self, name, local): self._write(Path(local), lambda tmp: shutil.copyfile(self._at(name), tmp))
+    def list_objects(self, prefix):
+        d = self.root/prefix
+        return sorted(p.name for p in d.iterdir() if not p.name.endswith('.part')) if d.is_dir() else []
+    def get_object(self, name): return open(self.root/name, 'rb')
+    def put_object(self, name, src):
+        dst = self.root/name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        part = dst.with_name(dst.name + '.part')
+        if isinstance(src, bytes): part.write_bytes(src)
+        else: shutil.copyfile(src, part)
+        os.replace(part, dst)  # whole, or not at all
+    def delete_object(self, name):
+        if (self.root/name).is_dir(): shutil.rmtree(self.root/name)
+        else: (self.root/name).unlink(missing_ok=True)
+    def object_size(self, name): return (self.root/name).stat().st_size if (self.root/name).is_file() else None
 
 register_storage('folder', FolderStore)  # in every process that imports this module: the ranks and the test
 
