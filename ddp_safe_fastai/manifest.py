@@ -12,7 +12,7 @@ from .files import atomic_write
 from .checksums import checksum, checksum_kind, checksum_types, manifest_checksum
 
 # %% auto #0
-__all__ = ['FORMAT', 'manifest_of', 'write_manifest', 'parse_manifest', 'read_manifest', 'why_unlike_entry',
+__all__ = ['FORMAT', 'manifest_of', 'manifest_entry', 'write_manifest', 'parse_manifest', 'read_manifest', 'why_unlike_files',
            'why_unlike_manifest', 'why_incomplete', 'is_complete', 'copy_checked', 'CheckpointFormatError',
            'check_format']
 
@@ -25,11 +25,15 @@ def manifest_of(entries, # {file: its size and checksum}
     "A manifest of `entries`: `info`, the format and the release"
     return dict(format=FORMAT, library=__version__, **info, files=entries)
 
+def manifest_entry(path): # a file this process just wrote
+    "What a manifest records of `path`: its size and CRC-32 (`manifest_checksum`: `torch.save`'s own, where it recorded one)"
+    return dict(size=Path(path).stat().st_size, crc32=manifest_checksum(path))
+
 def write_manifest(ckpt, # the checkpoint's directory
                    files, # the names of its files, written and flushed
                    **info): # what the checkpoint is: epoch, iter, fit, world_size...
     "Write `ckpt/manifest.json` last and atomically: `files` with their sizes and CRC-32s, `info`, the format and release"
-    entries = {f: dict(size=(ckpt/f).stat().st_size, crc32=manifest_checksum(ckpt/f)) for f in files}
+    entries = {f: manifest_entry(ckpt/f) for f in files}
     atomic_write(ckpt/'manifest.json', lambda tmp: Path(tmp).write_text(json.dumps(manifest_of(entries, **info), indent=1)))
 
 # %% ../nbs/21_manifest.ipynb #817ab3fc
@@ -45,7 +49,7 @@ def read_manifest(ckpt):
     except OSError: return None
 
 # %% ../nbs/21_manifest.ipynb #560a99fc
-def why_unlike_entry(f, # the file's name
+def _why_unlike(f, # the file's name
                 entry, # what the manifest says of it
                 size, # its bytes
                 digest): # a function giving its checksum, called only if the size is right; None: the size alone is compared
@@ -54,15 +58,21 @@ def why_unlike_entry(f, # the file's name
     if digest is not None and (kind := checksum_kind(entry)) and digest() != entry[kind]: return f"{f} does not match its checksum: it was changed or damaged"
 
 # %% ../nbs/21_manifest.ipynb #5c17a1cb
+def why_unlike_files(m, # a manifest (None: there is none)
+                     size_of, # the bytes of one of its files, given its name; None where it is not there
+                     digest_of=None): # its checksum of a kind, given its name and the kind; None: sizes alone are compared
+    "Why the files that `size_of` and `digest_of` measure, wherever they are kept, do not match the manifest `m`; None if they do"
+    if m is None: return "no manifest: its write did not finish"
+    for f,e in m['files'].items():
+        if (size := size_of(f)) is None: return f"{f} is missing"
+        if why := _why_unlike(f, e, size, None if digest_of is None else lambda: digest_of(f, checksum_kind(e))): return why
+    return None
+
 def why_unlike_manifest(ckpt, # a checkpoint's directory
                         m): # its manifest (None: it has none)
     "Why the directory `ckpt` does not match its manifest `m`; None if it does"
-    if m is None: return "no manifest: its write did not finish"
-    for f,e in m['files'].items():
-        p = Path(ckpt)/f
-        if not p.is_file(): return f"{f} is missing"
-        if why := why_unlike_entry(f, e, p.stat().st_size, lambda: checksum(p, checksum_kind(e))): return why
-    return None
+    ckpt = Path(ckpt)
+    return why_unlike_files(m, lambda f: (ckpt/f).stat().st_size if (ckpt/f).is_file() else None, lambda f, kind: checksum(ckpt/f, kind))
 
 # %% ../nbs/21_manifest.ipynb #d2c8fb49
 def why_incomplete(ckpt):
@@ -86,7 +96,7 @@ def copy_checked(src, # a file open for reading: a local one, or one fsspec open
     with open(dest, 'wb') as out:
         while b := src.read(chunk): out.write(b); h.update(b); size += len(b)
         if durable: out.flush(); os.fsync(out.fileno())
-    return why_unlike_entry(f, entry, size, h.hexdigest)
+    return _why_unlike(f, entry, size, h.hexdigest)
 
 # %% ../nbs/21_manifest.ipynb #ecabee8c
 class CheckpointFormatError(CheckpointError):

@@ -15,8 +15,8 @@ from .files import atomic_torch_save, atomic_write, check_room, flush_to_disk, g
 from .written import link_written, remove_tree, replaced_since_written, unlink_written, written_files
 from .transport import bound_s3_requests, RemoteFiles, retrying, s3_defaults
 from .reads import is_torch_zip
-from .checksums import checksum, checksum_kind, checksum_types, manifest_checksum
-from .manifest import copy_checked, manifest_of, why_unlike_entry
+from .checksums import checksum, checksum_types
+from .manifest import copy_checked, manifest_entry, manifest_of, why_unlike_files
 
 # %% auto #0
 __all__ = ['checkpoint_name', 'parse_checkpoint_name', 'CheckpointStorage', 'LocalStorage', 'FsspecStorage', 'S3Storage',
@@ -95,10 +95,7 @@ class CheckpointStorage(abc.ABC):
     checks_bytes = False  # `why_incomplete` reads every file for its checksum: where reading is cheap (a local disk); else checksums are checked as a file is read (`get`)
     def why_incomplete(self, name, manifest):
         "Why checkpoint `name` cannot be resumed from as it is kept, given its `manifest` (None: it has none); None if complete: every file it lists there, of its size (and checksum, with `checks_bytes`)"
-        if manifest is None: return "no manifest: its write did not finish"
-        for f,e in manifest['files'].items():
-            if (size := self.object_size(f"{name}/{f}")) is None: return f"{f} is missing"
-            if why := why_unlike_entry(f, e, size, (lambda f=f, e=e: self.checksum(f"{name}/{f}", checksum_kind(e))) if self.checks_bytes else None): return why
+        return why_unlike_files(manifest, lambda f: self.object_size(f"{name}/{f}"), (lambda f, kind: self.checksum(f"{name}/{f}", kind)) if self.checks_bytes else None)
     def size(self, name):
         "The bytes of checkpoint `name`'s files"
         return sum(self.object_size(f"{name}/{f}") or 0 for f in self.list_objects(name))
@@ -184,7 +181,7 @@ class LocalStorage(CheckpointStorage):
         if self.durable: flush_to_disk(dst)  # a file written without `durable`: on the disk before the manifest says it is
         return True
 
-    def entry(self, name, f): return dict(size=(self.root/name/f).stat().st_size, crc32=manifest_checksum(self.root/name/f))  # as `torch.save` recorded it, if it did
+    def entry(self, name, f): return manifest_entry(self.root/name/f)  # its CRC-32 as `torch.save` recorded it, if it did
     def checksum(self, name, kind): return checksum(self.root/name, kind)
 
     def set_latest(self, name):
