@@ -16,7 +16,8 @@ from .fastai_imports import fastai_defaults_kept
 from .background import SaveHandle
 from .persist import check_not_replaced
 from .storage import file_place
-from .object_store import BackgroundUploads, CallbackStorage, finish_uploads
+from .storage import CallbackStorage
+from .object_store import BackgroundUploads, finish_uploads
 from .learner import model_file, save_learner
 from .patches import *  # every change to fastai, applied before a callback runs
 with fastai_defaults_kept(): from fastai.callback.tracker import SaveModelCallback, TrackerCallback

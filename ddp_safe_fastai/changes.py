@@ -333,7 +333,7 @@ process_changes = [
     *_prows('runtime attribute', 'fastai.learner.Learner', 'resume_point', "the `ResumePoint` of a resumed fit (its epoch; inside it, "
             "the batch, what the ranks trained on, the random states): given in `before_fit`, taken by the loops, removed as the fit's "
             "epoch loop ends (`resuming`)", "fastai's loops start at epoch 0 and batch 0 and have no argument for another",
-            'train_state:apply_state checkpoint:CheckpointCallback._resume resume:resuming'),
+            'train_state:apply_state checkpoint:resume_fit resume:resuming'),
     *_prows('runtime attribute', 'fastai.data.load.DataLoader', 'resume_rng', "the random states a resumed epoch had: set for its training "
             "pass alone (`ResumePoint.training_pass`), popped by `DataLoader.sample`", "put back before the pass drew its seed, they would be drawn over",
             'resume:ResumePoint.training_pass loops:DataLoader.sample'),

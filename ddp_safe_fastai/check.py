@@ -22,7 +22,7 @@ from .learner import check_exported_learner
 from .persist import save_state
 from .storage import LocalStorage, storage_for
 from .checkpoint_dir import checkpoints_report, StoredCheckpoints, training_position_of
-from .memory_tier import memory_runs, MemoryCheckpoints, read_run_identity
+from .memory_storage import memory_runs, MemoryCheckpoints, read_run_identity
 from .launch import RanksStalled, spawn_ranks
 
 # %% auto #0
@@ -417,7 +417,7 @@ def _dir_main(a):
 
 # %% ../nbs/60_check.ipynb #33c7eaf9
 def _memory_report(durable, # the run's durable location: a local directory (absolute) or a URL
-                   identity, # the run's identity (`memory_tier.run_identity`), None where it is not known here
+                   identity, # the run's identity (`memory_storage.run_identity`), None where it is not known here
                    chosen, # (name, manifest) a resume takes from the durable tier
                    memory_dir=None):
     "What node memory holds of the run at `durable`, and which tier a resume takes; None if it holds nothing of it"

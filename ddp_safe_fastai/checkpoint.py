@@ -10,31 +10,29 @@ from pathlib import Path
 from fastcore.basics import *
 import numpy as np
 from fastai.callback.core import Callback
-from .errors import CheckpointError, describe, raise_failures
+from .errors import CheckpointError, describe
 from .ranks import check_scope, num_distrib, rank_distrib, run_prefix, say_on_rank0
-from .rendezvous import group_store, is_main_process, join_launched_group
-from .core import broadcast_object, exchange, failure_of
+from .rendezvous import group_store, join_launched_group
 from .locations import destination
 from .fastai_imports import fastai_defaults_kept
-from .background import background_saves
-from .reads import load_state
 from .resume import ResumePoint
 from .manifest import check_format
-from .train_state import (apply_state, capture_state, RecordedFloats, epoch_fraction, get_rng_state, inner_dls, read_training_state,
-                          resume_within_epoch, rng_state_for, step_tensors, world_size)
-from .storage import checkpoint_name, LocalStorage
-from .checkpoint_dir import CheckpointDir, StoredCheckpoints, training_position_of
-from .object_store import CallbackStorage
-from .memory_tier import MemoryTier, read_memory_checkpoint, restarts_left, run_identity
+from .train_state import (apply_state, capture_state, RecordedFloats, epoch_fraction, get_rng_state, inner_dls,
+                                         resume_within_epoch, step_tensors, world_size)
+from .storage import checkpoint_name, CallbackStorage
+from .tiers import resume_choice
+from .memory_tier import MemoryTier
 from .durable_tier import DurableTier
 from .learner import model_device
 from .signals import PREEMPTED, StopOnSignal
 from .patches import *  # every change to fastai, applied before a callback runs
 with fastai_defaults_kept():
     from fastai.callback.tracker import EarlyStoppingCallback
+_all_ = ['resume_choice']  # `tiers`' now: earlier releases exported it from here
 
 # %% auto #0
-__all__ = ['ClockDecision', 'SaveSchedule', 'tracked_metric', 'monitored_value', 'resume_choice', 'CheckpointCallback']
+__all__ = ['ClockDecision', 'SaveSchedule', 'tracked_metric', 'monitored_value', 'CheckpointCallback', 'resume_fit',
+           'resume_choice']
 
 # %% ../nbs/48_checkpoint.ipynb #11a0dae3
 class ClockDecision:
@@ -64,8 +62,12 @@ class ClockDecision:
 
 # %% ../nbs/48_checkpoint.ipynb #11a0dae4
 class SaveSchedule:
-    "When the callback checkpoints: after every `every_epoch` epochs, every `every_iters` training batches of an epoch but its last, after the batch in which `every_minutes` passed since the last checkpoint, into node memory every `memory_every_iters` training batches of the run"
+    "When the callback checkpoints, and into which tier: after every `every_epoch` epochs, every `every_iters` training batches of an epoch but its last, after the batch in which `every_minutes` passed since the last checkpoint, into node memory every `memory_every_iters` training batches of the run"
     def __init__(self, every_epoch=1, every_iters=None, every_minutes=None, memory_every_iters=None):
+        if every_minutes is not None and not (isinstance(every_minutes, (int, float)) and 0 < every_minutes < float('inf')):
+            raise ValueError(f"CheckpointCallback(every_minutes={every_minutes!r}): a number of minutes, more than 0")
+        if memory_every_iters is not None and not (isinstance(memory_every_iters, int) and memory_every_iters >= 1):
+            raise ValueError(f"CheckpointCallback(memory_every_iters={memory_every_iters!r}): a number of training batches, at least 1")
         store_attr(); self.clock = None
 
     def __getstate__(self): return {**self.__dict__, 'clock': None}  # a fit's clock, and the store it reads, are not kept
@@ -80,18 +82,22 @@ class SaveSchedule:
 
     def epoch_due(self, epoch): return (epoch+1) % self.every_epoch == 0
 
-    def after_batch(self, iter, n_iter, epoch, train_iter, # the batch in its epoch, the epoch's batches, the epoch, the run's training batches so far
-                    memory=True): # does node memory take checkpoints (the tier is on)?
+    def after_batch(self, iter, n_iter, epoch, train_iter): # the batch in its epoch, the epoch's batches, the epoch, the run's training batches so far
         "After a training batch: 'durable' for a checkpoint within the epoch, 'memory' for one into node memory, else None"
         on_clock = self.clock is not None and self.clock.due(train_iter)  # asked after every batch: it takes the main process's decision
         last = iter+1 == n_iter
-        if self.every_iters and (iter+1) % self.every_iters == 0 and not last: return 'durable'
-        if on_clock and not (last and self.epoch_due(epoch)): return 'durable'  # an epoch's end saves anyway
-        if memory and self.memory_every_iters and train_iter % self.memory_every_iters == 0: return 'memory'
+        if self.every_iters and (iter+1) % self.every_iters == 0 and not last: return self.saved()
+        if on_clock and not (last and self.epoch_due(epoch)): return self.saved()  # an epoch's end saves anyway
+        if self.memory_every_iters and train_iter % self.memory_every_iters == 0: return 'memory'
+
+    def after_epoch(self, epoch):
+        "After an epoch: 'durable' after every `every_epoch` epochs, else None"
+        if self.epoch_due(epoch): return self.saved()
 
     def saved(self):
-        "A durable checkpoint was taken: the clock counts from now"
+        "A durable checkpoint is due: the clock counts from now ('durable')"
         if self.clock: self.clock.restart()
+        return 'durable'
 
 # %% ../nbs/48_checkpoint.ipynb #cfbb20f9
 def tracked_metric(learn, # the Learner, as its fit starts (its Recorder has named its values)
@@ -116,20 +122,6 @@ def monitored_value(learn, # the Learner, after an epoch
     value = learn.recorder.values[-1][i] if learn.recorder.values else None
     return {} if value is None else dict(monitor=dict(name=monitor, value=float(value), mode=mode))
 
-# %% ../nbs/48_checkpoint.ipynb #32009c3e
-def resume_choice(durable, # the fit's `DurableTier`
-                  memory=None, # its `MemoryTier`, or None
-                  identity=None): # the run's identity (`run_identity`), as rank 0 read it: node memory holds that run's alone
-    "On every rank: (name, manifest, tier) of the checkpoint the fit resumes from, decided together; (None, None, None) for none"
-    try: found,why = durable.latest() if rank_distrib() == 0 else [],None
-    except Exception as e: found,why = [],str(e) if isinstance(e, CheckpointError) else describe(e)  # the store's own errors too
-    mine = memory.latest(identity) if memory else (None, None)  # on each node's writer: its own memory's
-    said = exchange((found, why, mine), 'CheckpointCallback resume')
-    if (why := said[0][1]): raise CheckpointError(f"CheckpointCallback resume from {durable.where}: {why}")
-    # the newest of rank 0's durable checkpoints and every node's memory; of two at one point, the first (durable)
-    tiers = said[0][0] + [(*m, 'memory') for _,_,m in said if m[0]]
-    return max(tiers, key=lambda t: training_position_of(*t[:2]), default=(None, None, None))
-
 # %% ../nbs/48_checkpoint.ipynb #2ac4723c
 _say = partial(say_on_rank0, 'CheckpointCallback')  # what the callback tells the user, once
 
@@ -147,11 +139,10 @@ _exception_meeting = 10  # seconds: after an exception, how long a rank waits fo
 class CheckpointCallback(CallbackStorage, Callback):
     "Save the whole training state every `every_epoch` epochs; resume from the latest complete checkpoint, on any world size"
     order = 1000 # the last: the state is taken once every other callback has seen the epoch (trackers, yours)
-    _stateattrs = CallbackStorage._stateattrs + ('durable_tier', 'memory', 'stop', 'losses')  # a fit's parts (threads, stores, a storage, the Recorder's values): never pickled
+    _stateattrs = CallbackStorage._stateattrs + ('tiers', 'stop', 'losses')  # a fit's parts (threads, stores, a storage, the Recorder's values): never pickled
     def _init_state(self):
         super()._init_state()
-        self.durable_tier = self.memory = self.stop = None
-        self.losses = RecordedFloats()  # the Recorder's losses and rates, converted once
+        self.tiers,self.stop,self.losses = {},None,RecordedFloats()  # the fit's `CheckpointTier`s by the names `SaveSchedule` gives; the Recorder's losses and rates, converted once
     def __init__(self,
                  fname='ckpt', # directory in `learn.path/learn.model_dir`, or a URL of object storage (`s3://bucket/prefix`, any fsspec URL)
                  every_epoch=1, # save after every `every_epoch` epochs
@@ -175,27 +166,14 @@ class CheckpointCallback(CallbackStorage, Callback):
                  storage_options=None, # with a URL `fname`: the fsspec file system's options (endpoint, credentials), over those of the environment; never pickled
                  storage=None): # a `CheckpointStorage` to keep the checkpoints in, instead of `fname` (a store's: committed locally, then uploaded); never pickled
         check_scope(scope)
-        if every_minutes is not None and not (isinstance(every_minutes, (int, float)) and 0 < every_minutes < float('inf')):
-            raise ValueError(f"CheckpointCallback(every_minutes={every_minutes!r}): a number of minutes, more than 0")
-        if not (isinstance(upload_timeout, (int, float)) and 0 < upload_timeout < float('inf')):
-            raise ValueError(f"CheckpointCallback(upload_timeout={upload_timeout!r}): a number of seconds, more than 0")
-        if memory_every_iters is not None and not (isinstance(memory_every_iters, int) and memory_every_iters >= 1):
-            raise ValueError(f"CheckpointCallback(memory_every_iters={memory_every_iters!r}): a number of training batches, at least 1")
-        if storage is not None and fname != 'ckpt': raise ValueError(f"CheckpointCallback(fname={fname!r}, storage={storage!r}): give one of them")
-        store_attr(but='storage_options,storage')
+        self.schedule = SaveSchedule(every_epoch, every_iters, every_minutes, memory_every_iters)  # the one owner of those numbers
+        store_attr(but='every_epoch,every_iters,every_minutes,memory_every_iters,storage_options,storage')
         self.use_storage(destination(fname, '.')[1], storage, storage_options)
-        self.sent = self.where is not None and not isinstance(storage, LocalStorage)  # committed locally, then uploaded
         self.what = f"CheckpointCallback({'storage=' + repr(storage) if storage is not None else 'fname=' + repr(fname)})"
-        if self.sent and scope != 'global':  # each node's writer would upload, rotate and move `latest` on its own
-            raise ValueError(f"CheckpointCallback(fname={fname!r}, scope={scope!r}): a bucket is one place for every node; use scope='global'")
-        if keep_local is not None and not (self.sent and isinstance(keep_local, int) and keep_local >= 1):
-            raise ValueError(f"CheckpointCallback(keep_local={keep_local!r}): a number of checkpoints, at least 1, with a URL `fname` "
-                             f"(here {fname!r}: {'a URL' if self.sent else 'a local directory, which keeps `keep`'})")
-        self.schedule = SaveSchedule(every_epoch, every_iters, every_minutes, memory_every_iters)
-        self.trained = False  # since the last `after_epoch`, an epoch of a fit trained
+        self.sent = DurableTier.check_arguments(fname, storage, self.where, scope, keep_local, upload_timeout)  # committed locally, then uploaded?
         self.resumed_from,self.resumed_tier = None,None  # where the fit resumed from: its name, and 'disk', 'bucket' or 'memory'
         self.resume_seconds,self.memory_cost = {},{}  # how long the last resume took (the ranks' agreement on a checkpoint, its read); what the last fit's memory checkpoints cost (`MemoryTier.cost`)
-        self.fit_no,self.epochs_before,self.within,self.tracked = -1,0,None,None
+        self.fit_no,self.epochs_before,self.within,self.tracked,self.trained = -1,0,None,None,False
         self._init_state()  # the fit's parts, made as it starts
 
     @property
@@ -204,85 +182,37 @@ class CheckpointCallback(CallbackStorage, Callback):
         if self.where is not None and not self.sent: return Path(self.storage.local)
         return destination(self.where if self.sent else self.fname, Path(self.learn.path)/self.learn.model_dir)[0]
 
-    @property
-    def dir(self):
-        "The local `CheckpointDir`: it keeps what the store keeps, or the newest `keep_local`"
-        local = self.storage if self.where is not None and not self.sent else self.root  # a local storage handed in writes them
-        if self.keep_local is None: return CheckpointDir(local, self.keep, self.durable, self.keep_best)
-        return CheckpointDir(local, self.keep_local, self.durable)
+    def _start_tiers(self):
+        "Make the fit's tiers and start them: the durable one, and node memory with `memory_every_iters`"
+        if self.sent: self.check_storage(self.what)
+        self.tiers = dict(durable=DurableTier(self.root, self.storage, self.scope, self.async_save, self.keep, self.keep_best, self.upload_timeout,
+                                              _say, self.keep_local, self.durable))
+        if self.schedule.memory_every_iters:
+            self.tiers['memory'] = MemoryTier(self.where or str(self.root.absolute()), self.memory_dir, self.async_save, self.root)
+        for tier in self.tiers.values(): tier.start()
 
     def before_fit(self):
         "Start the fit's tiers, resume it from the newest complete checkpoint of any tier, or skip it if a later fit's checkpoint exists"
         self.within,self.completed,self.stepped = None,None,False
         if hasattr(self.learn, 'lr_finder'): self.run = False; return  # as fastai's trackers: `lr_find`'s fit is no fit of the run, and fastai sets `run` again after it
         self.tracked = tracked_metric(self.learn, self.monitor, self.comp, required=self.keep_best > 0)
-        if self.durable_tier: self.durable_tier.wait()  # a fit that raised may have left its last checkpoint writing
+        for tier in self.tiers.values(): tier.wait(); tier.close(keep=True)  # an earlier fit's: one that raised may have left its last checkpoint writing
         if self.stop: self.stop.close()  # a callback after this one raised in `before_fit`: no epoch loop closed it
         if self.fit_no >= 0: self.epochs_before += self.n_epochs_last
         self.fit_no,self.n_epochs_last = self.fit_no+1,self.n_epoch
-        self.schedule.start()
-        if self.memory: self.memory.end(keep=True)  # an earlier fit whose start raised (its resume): what memory holds stays for this one
-        self.memory = MemoryTier(self.where or str(self.root.absolute()), self.memory_dir, self.async_save) if self.memory_every_iters else None
-        if self.sent: self.check_storage(self.what)
-        self.durable_tier = DurableTier(self.dir, StoredCheckpoints(self.storage) if self.sent else None, self.scope, self.async_save,
-                                        self.keep, self.keep_best, self.upload_timeout, _say)
-        self.durable_tier.start()
-        if self.resume: self._resume()
-        if self.memory: self._memory_run()
+        self.schedule.start(); self.resume_seconds = {}
+        self._start_tiers()
+        if self.resume and (resumed := resume_fit(self.learn, list(self.tiers.values()), self.fit_no, self.resume_seconds)):
+            self.resumed_from,self.resumed_tier,state,rng = resumed
+            if state['done']: self.within = (state, rng)  # `before_train` goes on with what is left of the epoch
+        for tier in self.tiers.values(): tier.resumed(self.resumed_from, self.resumed_tier)
         if self.stop_on_signal and threading.current_thread() is threading.main_thread(): # after a resume that may raise:
             self.stop = StopOnSignal(self.learn, f"{run_prefix()}/stop/{self.fit_no}", self.requeue) # the fit's end closes it
 
-    def _resume(self):
-        "Every rank resumes from the checkpoint `resume_choice` names, once its format is known and it is of this fit"
-        background_saves.finish(file=self.root/'latest')  # as a load: the commits of this directory in flight (a fit that raised) are done first
-        identity = broadcast_object(run_identity(self.root) if rank_distrib() == 0 else None, what='CheckpointCallback run') if self.memory else None
-        start = time.perf_counter()
-        name,manifest,tier = resume_choice(self.durable_tier, self.memory, identity)
-        self.resume_seconds = dict(agreement=time.perf_counter() - start)
-        if name is None: return
-        check_format(manifest, self.root/name)
-        if manifest.get('fit', 0) < self.fit_no: return # one of an earlier fit: this fit starts afresh
-        if manifest.get('fit', 0) > self.fit_no:
-            _say(f"fit {self.fit_no} was done in an earlier run ({name} is of fit {manifest['fit']}): skipping it")
-            self.learn.resume_point = ResumePoint(self.n_epoch)
-            return
-        if tier == 'bucket': self.durable_tier.download(name)
-        start = time.perf_counter()
-        self._restore(self.memory.memory.folder/name if tier == 'memory' else self.root/name, manifest, tier)
-        self.resumed_from,self.resumed_tier = name,tier
-        self.resume_seconds['read'] = time.perf_counter() - start
-
-    def _restore(self, ckpt, manifest, tier='disk'):
-        "Load the checkpoint on every rank and put the Learner where it was"
-        device = model_device(self.learn.model)  # placed by now: the callback is the last
-        if tier == 'memory': state,rng = read_memory_checkpoint(ckpt, manifest, device)  # a node whose memory is empty is sent another's copy
-        else:
-            state = read_training_state(ckpt, manifest, 'resume', self.scope, device)
-            rng = rng_state_for(load_state(ckpt/'rng.pth', 'cpu', what='resume', scope=self.scope), rank_distrib())
-        apply_state(self.learn, state, rng, what=f"resume {ckpt}")
-        if state['done']: self.within = (state, rng)
-        saved,now = manifest.get('world_size', 1),world_size()
-        at,batch = self.learn.resume_point.epoch,f", batch {state['iter']}" if state['done'] else ''
-        _say(f"fit {self.fit_no} resumed from {ckpt.name} ({_tier_words[tier]}): " + (f"epoch {at} of {self.n_epoch}{batch}" if at < self.n_epoch else
-             "it had finished or stopped early; nothing left to train"))
-        if saved != now: _say(f"{ckpt.name} was saved on {saved} rank(s), this run has {now}: it goes on from the same "
-                              "state, but it cannot reproduce the uninterrupted run bit for bit")
-        mbar = getattr(getattr(self.learn, 'progress', None), 'mbar', None)
-        if mbar is not None: mbar.update(0) # start the epoch bar's clock: it will be moved to the resumed epoch
-
-    def _memory_run(self):
-        "Once resumed: the run's identity (a new one unless it resumed) on every node's writer, and each node's memory rid of every checkpoint but the one resumed from"
-        identity = run_identity(self.root, new=self.resumed_from is None) if rank_distrib() == 0 else None
-        self.memory.identity = broadcast_object(identity, what='CheckpointCallback run identity')
-        if self.memory.writes: self.memory.memory.prune(keep=self.resumed_from if self.resumed_tier == 'memory' else None)
-
     def before_train(self):
         "Note the DataLoaders' shuffling state as the epoch starts; in an epoch resumed within, go on with what is left"
-        self.done,self.segment_start = [],0
-        if self.within:
-            state,_ = self.within
-            self.segment_start = resume_within_epoch(self.learn, *self.within)
-            self.within,self.done = None,list(state['done'])
+        within,self.within = self.within,None
+        self.segment_start,self.done = (resume_within_epoch(self.learn, *within), list(within[0]['done'])) if within else (0, [])
         self.epoch_dl_rng = [dl.rng.getstate() for dl in inner_dls(self.learn)]
         self.trained = True  # an epoch of the fit: `get_preds` and `validate` send `after_epoch` too, with no training before it
 
@@ -292,84 +222,96 @@ class CheckpointCallback(CallbackStorage, Callback):
 
     def before_step(self):
         "The weights and the optimizer's state of a checkpoint are copied while the batch runs: done before the step changes them"
-        if self.durable_tier: self.durable_tier.wait_staged()
-        if self.memory: self.memory.wait_staged()
+        for tier in self.tiers.values(): tier.wait_staged()
 
     def after_step(self): self.stepped = True
 
     def after_batch(self):
         "Stop here if the ranks agreed to; else checkpoint if the schedule says so"
         if not self.training: return
-        if self.memory: self.memory.wait()  # the last memory checkpoint is whole before another batch is trained: a kill costs at most `memory_every_iters`+1
+        for tier in self.tiers.values(): tier.after_batch()
         if self.on_exception: self.completed,self.stepped = (self.epoch, self.iter, get_rng_state()),False
         if self.stop and self.stop.batch_done(self.learn.train_iter): return self._stop()
-        due = self.schedule.after_batch(self.iter, self.n_iter, self.epoch, self.learn.train_iter, bool(self.memory))  # a node's writer that stopped: its ranks still hand their random states
-        if due == 'durable': self._checkpoint(within=True)
-        elif due == 'memory': self._checkpoint_memory()
+        if (due := self.schedule.after_batch(self.iter, self.n_iter, self.epoch, self.learn.train_iter)): self._checkpoint(due, within=True)
 
     def after_epoch(self):
         "Save a checkpoint after every `every_epoch` epochs"
         if not self.trained: return
         self.trained = False
-        if self.schedule.epoch_due(self.epoch): self._checkpoint()
+        if (due := self.schedule.after_epoch(self.epoch)): self._checkpoint(due)
 
     def after_cancel_fit(self):
-        "`EarlyStoppingCallback` ended the fit after this epoch: checkpoint the epoch as the fit's end"
-        # the Recorder logged the epoch and the tracker stopped the fit before this callback saw it (their `order`s are
-        # lower than `CheckpointCallback.order`). Any other cancellation (a time budget, a signal) leaves the fit to be resumed
-        if len(self.learn.recorder.values) == self.epoch+1 and _stopped_early(self.learn): self._checkpoint(stopped=True)
+        "`EarlyStoppingCallback` ended the fit after this epoch, before this callback saw it: checkpoint the epoch as the fit's end (any other cancellation leaves the fit to be resumed)"
+        if len(self.learn.recorder.values) == self.epoch+1 and _stopped_early(self.learn): self._checkpoint('durable', stopped=True)
 
     def _capture(self, within, stopped=False, packed=False):
-        "The training state now (`packed`: the Recorder's lists as tensors), its checkpoint's name, and what its manifest says of it"
-        ranks = world_size()
-        done = self.done + [(ranks, self.iter+1 - self.segment_start)] if within else None
+        "The training state now (`packed`: the Recorder's lists as tensors), what its manifest says of it, and the `data_ptr`s of the tensors its next step changes"
+        done = self.done + [(world_size(), self.iter+1 - self.segment_start)] if within else None
         state = capture_state(self.learn, self.fit_no, self.epoch_dl_rng, done, stopped, self.losses, packed)
-        info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done), fit=self.fit_no, world_size=ranks)
-        return state,checkpoint_name(self.epochs_before + state['epoch'], state['iter']),info
+        info = dict(epoch=state['epoch'], iter=state['iter'], epoch_fraction=epoch_fraction(self.learn, done), fit=self.fit_no, world_size=world_size(),
+                    **({} if within else monitored_value(self.learn, self.tracked, self.monitor)))
+        return state,info,step_tensors(self.learn.model, self.learn.opt, state['model'])
 
-    def _checkpoint(self, stopped=False, within=False, rng=None, timeout=None):
-        "A durable checkpoint now: every rank hands its random states (`rng`, else now) to the main process, which commits them with the state"
-        self.schedule.saved()
-        state,name,info = self._capture(within, stopped)
-        if not within: info.update(monitored_value(self.learn, self.tracked, self.monitor))
-        room = failure_of(self.durable_tier.check_room, name, state) if is_main_process(self.scope) else None  # in words: every rank raises it
-        rngs,rooms = zip(*exchange((rng or get_rng_state(), room), 'CheckpointCallback rng', timeout))
-        raise_failures(rooms, f"CheckpointCallback {self.root/name}")  # on every rank, before anything is written
-        self.durable_tier.save(name, state, rngs, info, {self.resumed_from}, step_tensors(self.learn.model, self.learn.opt, state['model']), timeout)
-
-    def _checkpoint_memory(self):
-        "A checkpoint after this batch into node memory (`MemoryTier`): every rank hands each node's writer its random states; the writers take the state"
-        def capture():
-            state,_,info = self._capture(within=True, packed=True)
-            return state,info,step_tensors(self.learn.model, self.learn.opt, state['model'])
-        self.memory.save(checkpoint_name(self.epochs_before + self.epoch, self.iter+1), capture)
+    def _checkpoint(self, tier, within=False, stopped=False, **how):
+        "A checkpoint into the tier `SaveSchedule` named, after this batch (`within`) or this epoch, named by the epochs of the whole script"
+        epoch,iter = (self.epoch, self.iter+1) if within else (self.epoch+1, 0)  # as `capture_state` records them
+        self.tiers[tier].save(checkpoint_name(self.epochs_before + epoch, iter), partial(self._capture, within, stopped), **how)
 
     def _stop(self):
         "Checkpoint after this batch on every rank, requeue a SLURM job, then exit with `PREEMPTED`"
-        self._checkpoint(within=True)  # after an epoch's last batch too: the resumed epoch then only validates
-        self.durable_tier.wait()
+        self._checkpoint('durable', within=True)  # after an epoch's last batch too: the resumed epoch then only validates
+        for tier in self.tiers.values(): tier.wait()
         _say(f"{self.stop.how}: every rank stopped after batch {self.iter+1} of epoch {self.epoch}, checkpoint saved; {self.stop.what_next()}")
         raise SystemExit(PREEMPTED)
 
     def after_fit_raised(self, e):
-        "Give the signals back; with `on_exception`, checkpoint the last training batch done, if it was of this epoch and every rank comes soon"
-        if self.stop: self.stop.close(); self.stop = None
-        if self.memory: self.memory.end(keep=restarts_left()); self.memory_cost,self.memory = self.memory.cost(),None  # torchrun restarts the workers: they resume from it
-        if self.durable_tier: self.durable_tier.close()  # what is pending is sent while the process lives
+        "Give the signals back, close the tiers; with `on_exception`, checkpoint the last training batch done, if it was of this epoch and every rank comes soon"
+        self._end('close')  # what is pending is sent while the process lives; node memory kept for torchrun's restart
         if not (self.on_exception and self.completed and isinstance(e, Exception)) or isinstance(e, CheckpointError): return # not a failed save again
         epoch,it,rng = self.completed
         if self.stepped or epoch != self.epoch: # a step of an unfinished batch, or no batch of this epoch, is in the state
             return _say(f"the fit raised {describe(e)}, at no batch's end: no checkpoint of it")
         self.learn.epoch,self.learn.iter = epoch,it  # as it was after that batch (validation may have moved `iter`)
-        try:
-            self.durable_tier.wait()
-            self._checkpoint(within=True, rng=rng, timeout=_exception_meeting)
+        try: self._checkpoint('durable', within=True, rng=rng, timeout=_exception_meeting)
         except Exception as failed:
             return print(f"CheckpointCallback: the fit raised {describe(e)}; no checkpoint of it on rank {rank_distrib()}: {describe(failed)}", flush=True)
         _say(f"the fit raised {describe(e)}: every rank checkpointed batch {it+1} of epoch {epoch}; run again to resume from it")
 
     def after_fit(self):
-        "Give the signals back; finish the background writes and the uploads; remove the memory checkpoints"
+        "The tiers finish: the background writes and the uploads done, the memory checkpoints removed"
+        self._end('finish')
+
+    def _end(self, how): # 'finish', or 'close' when the fit raised
+        "Give the signals back, end every tier `how` says, and keep what the memory checkpoints cost"
         if self.stop: self.stop.close(); self.stop = None
-        self.durable_tier.finish({self.resumed_from})
-        if self.memory: self.memory.end(); self.memory_cost,self.memory = self.memory.cost(),None
+        for tier in self.tiers.values(): getattr(tier, how)()
+        self.memory_cost = {k: tier.cost() for k,tier in self.tiers.items()}.get('memory', {})
+
+# %% ../nbs/48_checkpoint.ipynb #32009c3e
+def resume_fit(learn, # the Learner as its fit starts, its model placed (`CheckpointCallback` is the last callback)
+               tiers, # the fit's `CheckpointTier`s, in the order of preference
+               fit_no, # which fit of the script this is (`CheckpointCallback` counts them)
+               seconds=None): # a dict: how long the ranks' agreement and the read took are put in it
+    "On every rank: put `learn` where the newest complete checkpoint of any tier left it, if that checkpoint is of this fit; (name, place, state, rng) of it, else None"
+    seconds,start = {} if seconds is None else seconds,time.perf_counter()
+    name,manifest,place,tier = resume_choice(tiers)
+    seconds['agreement'] = time.perf_counter() - start
+    if name is None: return None
+    check_format(manifest, tier.folder/name)
+    if manifest.get('fit', 0) < fit_no: return None # one of an earlier fit: this fit starts afresh
+    if manifest.get('fit', 0) > fit_no:
+        _say(f"fit {fit_no} was done in an earlier run ({name} is of fit {manifest['fit']}): skipping it")
+        learn.resume_point = ResumePoint(learn.n_epoch)
+        return None
+    start = time.perf_counter()
+    state,rng = tier.read(name, manifest, place, model_device(learn.model))
+    apply_state(learn, state, rng, what=f"resume {tier.folder/name}")
+    seconds['read'] = time.perf_counter() - start
+    saved,now,at = manifest.get('world_size', 1),world_size(),learn.resume_point.epoch
+    _say(f"fit {fit_no} resumed from {name} ({_tier_words[place]}): " + (f"epoch {at} of {learn.n_epoch}" + (f", batch {state['iter']}" if state['done'] else '')
+         if at < learn.n_epoch else "it had finished or stopped early; nothing left to train"))
+    if saved != now: _say(f"{name} was saved on {saved} rank(s), this run has {now}: it goes on from the same "
+                          "state, but it cannot reproduce the uninterrupted run bit for bit")
+    mbar = getattr(getattr(learn, 'progress', None), 'mbar', None)
+    if mbar is not None: mbar.update(0) # start the epoch bar's clock: it will be moved to the resumed epoch
+    return name,place,state,rng

@@ -6,36 +6,64 @@
 from __future__ import annotations
 from functools import partial
 from fastcore.basics import *
-from .errors import CheckpointError, describe
+from .errors import CheckpointError, describe, raise_failures
 from .rendezvous import is_main_process
 from .ranks import rank_distrib
-from .core import failure_of, raise_any_failure
+from .core import exchange, failure_of, raise_any_failure
 from .files import check_room, state_bytes
 from .written import last_written
-from .background import stage_for_save
+from .background import background_saves, stage_for_save
+from .reads import load_state
 from .persist import run_on_main
 from .manifest import is_complete, read_manifest
-from .train_state import checkpoint_files
-from .object_store import checkpoint_uploads, finish_uploads
+from .train_state import checkpoint_files, get_rng_state, read_training_state, rng_state_for
+from .storage import LocalStorage
+from .checkpoint_dir import CheckpointDir, StoredCheckpoints
+from .object_store import BackgroundUploads, finish_uploads
+from .tiers import CheckpointTier
 
 # %% auto #0
 __all__ = ['DurableTier']
 
 # %% ../nbs/35_durable_tier.ipynb #d7a1e002
-class DurableTier:
+class DurableTier(CheckpointTier):
     "A fit's checkpoints kept for good: committed by the main process in a local directory (in the background with `async_save`), then sent from there to a store, if there is one, in the background"
-    def __init__(self, local, # the local `CheckpointDir`: where they are committed
-                 store=None, # the `StoredCheckpoints` of the store they are sent to, or None
+    places = ('disk', 'bucket')
+    def __init__(self, local, # the local directory they are committed in (a path, or its `CheckpointDir`)
+                 storage=None, # their `CheckpointStorage`: a `LocalStorage` commits them itself, any other is a store they are sent to; or None
                  scope='global', # 'global': rank 0 writes; 'node': local rank 0 of each node
                  async_save=True, # commit in the background: the training waits for a copy of all but the weights, copied meanwhile
                  keep=2, # how many the store keeps, the newest
                  keep_best=0, # also keep the `keep_best` best by their monitored metric
                  upload_timeout=1800, # seconds the store may stay behind (an outage) before every rank raises
-                 say=print): # how rank 0 tells the user what happens (the store is behind, has caught up)
-        store_attr(); self.saving,self.uploads = None,None
+                 say=print, # how rank 0 tells the user what happens (the store is behind, has caught up)
+                 keep_local=None, # with a store: how many the local directory keeps, the newest (default: as the store)
+                 durable=True): # fsync every file and directory
+        store_attr(but='local,storage')
+        if isinstance(storage, LocalStorage): local,storage = storage,None
+        self.local = local if isinstance(local, CheckpointDir) else CheckpointDir(local, keep_local or keep, durable, 0 if keep_local else keep_best)
+        self.store = None if storage is None else StoredCheckpoints(storage)
+        self.saving,self.uploads,self.kept = None,None,set()  # the commit in the background; rank 0's uploads; what is never rotated out
+
+    @staticmethod
+    def check_arguments(fname, storage, # `CheckpointCallback`'s
+                        where, # the location of the storage, or of `fname` (None: a local directory)
+                        scope, keep_local, upload_timeout): # `CheckpointCallback`'s
+        "Whether the checkpoints are sent to a store (committed locally, then uploaded); `ValueError` as a `CheckpointCallback` is made with what this tier cannot keep: both `fname` and `storage`, a bucket each node writes, a `keep_local` with no store, an `upload_timeout` that is no number of seconds"
+        if storage is not None and fname != 'ckpt': raise ValueError(f"CheckpointCallback(fname={fname!r}, storage={storage!r}): give one of them")
+        sent = where is not None and not isinstance(storage, LocalStorage)
+        if not (isinstance(upload_timeout, (int, float)) and 0 < upload_timeout < float('inf')):
+            raise ValueError(f"CheckpointCallback(upload_timeout={upload_timeout!r}): a number of seconds, more than 0")
+        if sent and scope != 'global':  # each node's writer would upload, rotate and move `latest` on its own
+            raise ValueError(f"CheckpointCallback(fname={fname!r}, scope={scope!r}): a bucket is one place for every node; use scope='global'")
+        if keep_local is not None and not (sent and isinstance(keep_local, int) and keep_local >= 1):
+            raise ValueError(f"CheckpointCallback(keep_local={keep_local!r}): a number of checkpoints, at least 1, with a URL `fname` "
+                             f"(here {fname!r}: {'a URL' if sent else 'a local directory, which keeps `keep`'})")
+        return sent
 
     @property
     def root(self): return self.local.root
+    folder = root  # where a checkpoint is read from (one in the store alone is downloaded there first)
     @property
     def where(self): return self.store.storage.where if self.store else str(self.root)
 
@@ -47,19 +75,36 @@ class DurableTier:
             keys = []
             self.say(f"unfinished uploads to {self.where} not aborted ({describe(e)}): their parts stay in the store")
         if keys: self.say(f"aborted {len(keys)} upload(s) to {self.where} that a killed run left unfinished: {', '.join(keys)}")
-        self.uploads = checkpoint_uploads(self.store, self.root, self.keep, self.keep_best, self.upload_timeout, self.say)
+        self.uploads = BackgroundUploads(self._upload, self.store.storage, self.root, self.keep, self.upload_timeout, self.say)
+
+    def _upload(self, name, also):
+        "Send checkpoint `name` as it was committed (`StoredCheckpoints.upload`), keeping those in `also`"
+        self.store.upload(self.root/name, self.keep, self.keep_best, also)
 
     def latest(self):
-        "On rank 0: (name, manifest, tier) of each complete checkpoint a resume may take: the newest on the disk, and in the store"
+        "The complete checkpoints a resume may take, as rank 0 finds them: the newest on the disk ('disk'), and in the store ('bucket'); the commits in flight of the directory done first, on every rank"
+        background_saves.finish(file=self.root/'latest')  # as a load: a fit that raised may have left one writing
+        if rank_distrib() != 0: return []
         found = self.local.latest()
         tiers = [(found.name, read_manifest(found), 'disk')] if found else []
         return tiers + ([(*there, 'bucket')] if self.store and (there := self.store.latest())[0] else [])
+
+    def read(self, name, manifest, place, device='cpu'):
+        "On every rank: (the training state, this rank's random states) of checkpoint `name`, downloaded first if it is in the store alone"
+        if place == 'bucket': self.download(name)
+        ckpt = self.root/name
+        state = read_training_state(ckpt, manifest, 'resume', self.scope, device)
+        return state, rng_state_for(load_state(ckpt/'rng.pth', 'cpu', what='resume', scope=self.scope), rank_distrib())
 
     def download(self, name):
         "Rank 0 downloads checkpoint `name` from the store unless it has it whole (the others read its bytes, see `read_on_all`); a failure on every rank"
         needed = is_main_process(self.scope) and not is_complete(self.root/name)
         why = failure_of(self.store.download, name, self.root/name, errors=Exception) if needed else None  # the store's own errors too
         raise_any_failure(why, 'CheckpointCallback download', f"CheckpointCallback resume from {self.where}")
+
+    def resumed(self, name, place):
+        "The checkpoint the fit resumed from is never rotated out in this fit"
+        self.kept = {name} if name else set()
 
     def check_room(self, name, # the checkpoint about to be committed
                    state): # its state
@@ -79,21 +124,20 @@ class DurableTier:
         except Exception as e: raise CheckpointError(f"could not commit {self.root/name}: {describe(e)}") from e
         if uploads: uploads.add(name, also=keep)
 
-    def save(self, name, # the checkpoint (`checkpoint_name`)
-             state, # `capture_state`'s
-             rngs, # every rank's random states
-             info, # what its manifest says of it
-             keep=(), # names never rotated out (the checkpoint the run resumed from)
-             later=(), # with `async_save`: `data_ptr`s of tensors the training changes only at its next step, copied meanwhile
-             timeout=None): # seconds the ranks wait for each other: a checkpoint written at once, from the state itself, and not sent
-        "On every rank: the main process commits checkpoint `name`; every rank hears the outcome, at once or at `wait` (in the background)"
-        background = self.async_save and not timeout
+    def save(self, name, capture, rng=None, timeout=None):
+        "On every rank: the main process commits checkpoint `name`, once every rank has handed it its random states and it has room; every rank hears the outcome, at once or at `wait` (in the background)"
+        if timeout: self.wait()  # a fit that raised: its last commit in the background first
+        state,info,later = capture(packed=False)
+        room = failure_of(self.check_room, name, state) if is_main_process(self.scope) else None  # in words: every rank raises it
+        rngs,rooms = zip(*exchange((rng or get_rng_state(), room), 'CheckpointCallback rng', timeout))
+        raise_failures(rooms, f"CheckpointCallback {self.root/name}")  # on every rank, before anything is written
+        background = self.async_save and not timeout  # a fit that raised: written at once, from the state itself, and not sent
         staged = stage_for_save(state, self.scope, later) if background else None
         if is_main_process(self.scope): self.root.mkdir(parents=True, exist_ok=True) # where `latest` is written
         files = lambda: checkpoint_files(state if staged is None else staged.obj, list(rngs))  # in the writer's thread, once staged
         # the uploads as they are now: a fit that raises lets go of them before the commit in the background is done.
         # An exception's checkpoint is committed and not sent: the process ends before an upload would
-        commit = partial(self._commit, name, files, info, keep, None if timeout else self.uploads)
+        commit = partial(self._commit, name, files, info, self.kept, None if timeout else self.uploads)
         saving = run_on_main(self.root/'latest', commit, self.scope, timeout, background, staged)
         self.saving = saving if background else None
 
@@ -106,15 +150,15 @@ class DurableTier:
         saving,self.saving = self.saving,None
         if saving is not None: saving.result()
 
-    def finish(self, keep=()): # names never rotated out (the checkpoint the run resumed from)
+    def finish(self):
         "As a fit ends: the last checkpoint written, and the store caught up (rank 0 waits up to `upload_timeout`, saying so); a failure raised on every rank"
         self.wait()
         if self.store is not None:
             uploads,self.uploads = self.uploads,None
             finish_uploads(uploads, f"CheckpointCallback {self.where}", self.upload_timeout, self.say)
             # all sent: the local directory lets go of those it kept until they were
-            if uploads is not None: self.local.rotate(keep)
+            if uploads is not None: self.local.rotate(self.kept)
 
-    def close(self):
-        "The fit raised: what is pending is sent while the process lives, and the tier lets go of its uploads"
+    def close(self, keep=False):
+        "The fit raised: what is pending is sent while the process lives, and the tier lets go of its uploads; every checkpoint stays"
         if self.uploads: self.uploads.close(); self.uploads = None

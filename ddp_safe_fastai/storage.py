@@ -10,6 +10,8 @@ from contextlib import suppress
 from pathlib import Path
 from fastcore.imports import noop
 from .errors import CheckpointError, describe
+from .ranks import rank_distrib
+from .core import failure_of, raise_any_failure
 from .locations import destination, is_url, local_path, register_storage, storage_registry
 from .files import atomic_torch_save, atomic_write, check_room, flush_to_disk, give_back_pages, holds
 from .written import link_written, remove_tree, replaced_since_written, unlink_written, written_files
@@ -20,7 +22,7 @@ from .manifest import copy_checked, manifest_entry, manifest_of, why_unlike_file
 
 # %% auto #0
 __all__ = ['checkpoint_name', 'parse_checkpoint_name', 'CheckpointStorage', 'LocalStorage', 'FsspecStorage', 'S3Storage',
-           'AzureStorage', 'storage_for', 'file_place']
+           'AzureStorage', 'storage_for', 'file_place', 'check_writable', 'CallbackStorage']
 
 # %% ../nbs/31_storage.ipynb #9fcca6e9
 def checkpoint_name(epoch, # epochs done in the whole script
@@ -303,3 +305,60 @@ def file_place(fname, # a file's name under `folder`; or a URL of object storage
     if url is None: return local,None,fname
     where,_,name = url.rpartition('/')
     return local,where,name
+
+# %% ../nbs/31_storage.ipynb #67a58e06
+def check_writable(storage, # a `CheckpointStorage`
+                   what): # the caller, for the message and the all-gather's name: `CheckpointCallback(fname=...)`
+    "Raise the same `CheckpointError` on every rank, naming `what` and the place, unless rank 0 can write to `storage`"
+    raise_any_failure(failure_of(storage.check) if rank_distrib() == 0 else None, f"{what} (store)", what)
+
+# %% ../nbs/31_storage.ipynb #564ac9cb
+class CallbackStorage:
+    "Mixin for a callback that writes to a storage: `storage`, handed in or made at its first use from a location (a URL) with `storage_options`; no pickle of the callback holds either, only the location (`Learner.export`)"
+    _stateattrs = ('_storage', '_storage_options', '__stored_args__')  # left out by `Stateful.__getstate__`; fastcore 1's `store_attr` keeps every argument in `__stored_args__`
+    def use_storage(self, where, # a URL, or None for a name under the learner's folder
+                    storage=None, # a `CheckpointStorage` handed in: its location instead of `where`
+                    storage_options=None, # with a URL: the fsspec file system's options
+                    refuse_unknown=True): # refuse now a scheme no class is registered for (else: when the storage is first used)
+        "Write to `storage` if one is handed in, else to `where`'s, made when first used"
+        if refuse_unknown and storage is None and where is not None: storage_registry.class_for(where)
+        self.where = storage.where if storage is not None else where
+        self._storage,self._storage_options,self.storage_given,self.not_saved = storage,storage_options,storage is not None,None
+
+    @property
+    def storage(self):
+        "The storage the callback writes to: the one handed in, else its location's, made at first use with `storage_options`; None for a name under the learner's folder"
+        if self._storage is None and self.where is not None: self._storage = storage_for(self.where, self._storage_options)
+        return self._storage
+
+    @storage.setter
+    def storage(self, storage): self.use_storage(None, storage)
+
+    @property
+    def storage_options(self):
+        "The fsspec file system's options; set them again after `load_learner`"
+        return self._storage_options
+
+    @storage_options.setter
+    def storage_options(self, options): self.use_storage(self.where, None, options)
+
+    def __getstate__(self):
+        "The callback's state without its storage and options: their names alone (a storage handed in: its class)"
+        not_saved = (f"storage ({type(self._storage).__name__}) is" if self.storage_given else
+                     f"storage_options {', '.join(sorted(self.storage_options))} are" if self.storage_options else None)
+        return {**super().__getstate__(), 'not_saved': not_saved}
+
+    def __setstate__(self, state):
+        not_saved = state.pop('not_saved', None)
+        super().__setstate__(state)
+        self.use_storage(self.where, refuse_unknown=False)  # the environment's options, until given again; a process that loads a Learner to predict may never register the scheme
+        self.not_saved = not_saved
+
+    def check_storage(self, what): # the caller, for the message: `CheckpointCallback(fname=...)`
+        "`check_writable(self.storage, what)`; where a pickle left out the storage or its options, the message says how to give them"
+        try: check_writable(self.storage, what)
+        except CheckpointError as e:
+            if not self.not_saved: raise
+            again = f"it again, `learn.{self.name}.storage = {type(self.storage).__name__}(...)`" if self.not_saved.startswith('storage ') else \
+                    f"them again, `learn.{self.name}.storage_options = {{...}}`, or give them in the environment"
+            raise CheckpointError(f"{e} (its {self.not_saved} never saved with the Learner: set {again})") from None

@@ -41,7 +41,7 @@ class LogAndKill(Callback):
         if not self.training: return
         self.log.write(f"{attempt} {self.train_iter} {time.time()}\n"); self.log.flush()
         if attempt == 0 and self.train_iter == int(os.environ.get('KILL_AT', -1)) and os.environ.get('KILL_RANK', '0') in ('all', str(rank_distrib())):
-            if os.environ['KILL_RANK'] == 'all': ckpt.durable_tier.wait()  # the last epoch's checkpoint is whole on disk, however slow the machine
+            if os.environ['KILL_RANK'] == 'all': ckpt.tiers['durable'].wait()  # the last epoch's checkpoint is whole on disk, however slow the machine
             os.kill(os.getpid(), signal.SIGKILL)
 
 class Ready(Callback):

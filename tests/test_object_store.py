@@ -18,7 +18,7 @@ class KillAfter(Callback):
     def after_epoch(self):
         if self.epoch != self.epoch_killed: return
         flush_saves()
-        uploads = [self.learn.checkpoint.durable_tier.uploads]  # rank 0's
+        uploads = [self.learn.checkpoint.tiers['durable'].uploads]  # rank 0's
         if (best := getattr(self.learn, 'safe_save_model', None)):
             best._wait_for_saves()
             if best.uploads: best._hand_over(); uploads.append(best.uploads)
@@ -126,7 +126,7 @@ class Hold(Callback):
     def __init__(self, at, expect, marker=None, go=None): self.at,self.expect,self.marker,self.go = at,expect,marker,go
     def after_epoch(self):
         if self.epoch != self.at: return
-        tier = self.learn.checkpoint.durable_tier
+        tier = self.learn.checkpoint.tiers['durable']
         tier.wait()  # committed locally
         if tier.uploads:  # rank 0
             try: tier.uploads.wait(); failure = None
@@ -276,7 +276,7 @@ class HoldInUpload(Callback):
         storage.put = held
     def after_epoch(self):
         if self.epoch != 0: return
-        tier = self.learn.checkpoint.durable_tier
+        tier = self.learn.checkpoint.tiers['durable']
         tier.wait()
         if tier.uploads: assert tier.uploads.wait(120), "premise: epoch_0001 is in the bucket before epoch 2 trains"
         distrib_barrier()
@@ -369,7 +369,7 @@ if options == 'none':
 else:
     if options: learn.checkpoint.storage_options = learn.safe_save_model.storage_options = options
     learn.fit(1)
-    print(learn.checkpoint.resumed_from, learn.checkpoint.dir.named_latest())
+    print(learn.checkpoint.resumed_from, learn.checkpoint.tiers['durable'].local.named_latest())
 """
 
 def test_no_credential_in_a_file(tmp_path, swift):

@@ -15,7 +15,7 @@ LAYERS = [
     ('transport: files to and from object storage', ['transport']),
     ('the save and load protocol', ['matching', 'background', 'directories', 'reads', 'persist', 'unpickle_policy', 'safe_unpickle']),
     ('the training state and its format', ['resume', 'manifest', 'train_state', 'raw_state']),
-    ('checkpoint storage', ['storage', 'checkpoint_dir', 'object_store', 'memory_tier', 'durable_tier']),
+    ('checkpoint storage', ['storage', 'checkpoint_dir', 'object_store', 'tiers', 'memory_room', 'rng_handoff', 'memory_storage', 'memory_tier', 'durable_tier']),
     ('the fastai patches', ['distributed', 'learner', 'loops', 'text', 'writers', 'patches']),
     ('the callbacks', ['signals', 'callback', 'checkpoint']),
     ('the tools', ['launch', 'testing', 'check', 'changes', 'all']),
