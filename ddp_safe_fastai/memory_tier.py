@@ -49,13 +49,10 @@ class MemoryTier(CheckpointTier):
     @property
     def folder(self): return self.memory.folder
 
-    def start(self):
-        "As the fit starts, on every rank: the run's identity, as rank 0 reads it (made if there is none)"
-        self.identity = broadcast_object(run_identity(self.root) if rank_distrib() == 0 else None, what='CheckpointCallback run')
-
     def latest(self):
-        "On a node's writer: the newest complete checkpoint of this run on this world size in this node's memory ('memory')"
-        name,manifest = self.memory.latest_of(self.identity, world_size()) if self.writes and self.identity else (None, None)
+        "On every rank, the run's identity as rank 0 reads it (made if there is none); on a node's writer, the newest complete checkpoint of that run on this world size in this node's memory ('memory')"
+        self.identity = broadcast_object(run_identity(self.root) if rank_distrib() == 0 else None, what='CheckpointCallback run')  # read only where a fit resumes
+        name,manifest = self.memory.latest_of(self.identity, world_size()) if self.writes else (None, None)
         return [(name, manifest, 'memory')] if name else []
 
     def read(self, name, manifest, place='memory', device='cpu'):
