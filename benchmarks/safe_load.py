@@ -1,6 +1,6 @@
 """The cost of `load_learner`'s safe default: a vision export of about 90 MB (`tools/export_corpus.py`'s
-`vision_folders`: resnet34, the augmentations of fastai's defaults), loaded with `safe_unpickle`'s `ExportUnpickler`
-and with fastai's own `load_learner` (`pickle`), each once untimed, then in pairs, one of each back to back (their
+`vision_folders`: resnet34, the augmentations of fastai's defaults) and a tabular one of about 1 MB (`tabular`), each
+loaded by default (read as data, checked kind by kind, built by `safe_unpickle`) and with fastai's own `load_learner` (`pickle`), each once untimed, then in pairs, one of each back to back (their
 order alternating), and the median of the pairs' ratios: a machine that slows down for a while slows both loads of a
 pair. Not part of the tests; run `../.venv-latest/bin/python safe_load.py` from here."""
 import gc, sys, time, ctypes, ctypes.util, pickle, warnings, tempfile, statistics, subprocess
@@ -27,12 +27,13 @@ def main(pairs=61):
     warnings.filterwarnings('ignore')
     with tempfile.TemporaryDirectory() as d:
         subprocess.run([sys.executable, Path(__file__).parent.parent/'tools'/'export_corpus.py', d, '--first'], check=True, capture_output=True, cwd=d)
-        f = Path(d)/'vision_folders.pkl'
-        load_learner(f); _fastai_load_learner(f, pickle_module=pickle)  # each once, untimed: the first load of a process imports and warms up
-        measured = [pair(f, i % 2 == 0) for i in range(pairs)]
-        ratios = statistics.quantiles([s/p for s,p in measured], n=4)
-        print(f"| export | MB | safe load, median | fastai's load_learner, median | ratio, median of {pairs} pairs (quartiles) |\n|---|---|---|---|---|\n"
-              f"| vision_folders (resnet34) | {f.stat().st_size/1e6:.0f} | {statistics.median(s for s,_ in measured)*1000:.0f} ms "
-              f"| {statistics.median(p for _,p in measured)*1000:.0f} ms | {ratios[1]:.2f}x ({ratios[0]:.2f}x to {ratios[2]:.2f}x) |")
+        print(f"| export | MB | safe load, median | fastai's load_learner, median | ratio, median of {pairs} pairs (quartiles) |\n|---|---|---|---|---|")
+        for name,what in [('vision_folders', 'resnet34'), ('tabular', 'a tabular model')]:
+            f = Path(d)/f'{name}.pkl'
+            load_learner(f); _fastai_load_learner(f, pickle_module=pickle)  # each once, untimed: the first load of a process imports and warms up
+            measured = [pair(f, i % 2 == 0) for i in range(pairs)]
+            ratios = statistics.quantiles([s/p for s,p in measured], n=4)
+            print(f"| {name} ({what}) | {f.stat().st_size/1e6:.1f} | {statistics.median(s for s,_ in measured)*1000:.1f} ms "
+                  f"| {statistics.median(p for _,p in measured)*1000:.1f} ms | {ratios[1]:.2f}x ({ratios[0]:.2f}x to {ratios[2]:.2f}x) |")
 
 if __name__ == '__main__': main()

@@ -18,7 +18,6 @@ from .files import atomic_torch_save, atomic_write, flush_to_disk
 from .directories import dir_is_shared, prepare_dir
 from .reads import load_state
 from .safe_unpickle import export_report
-from .learner import check_exported_learner
 from .persist import save_state
 from .storage import LocalStorage, storage_for
 from .checkpoint_dir import checkpoints_report, StoredCheckpoints, training_position_of
@@ -434,7 +433,7 @@ def _memory_report(durable, # the run's durable location: a local directory (abs
 # %% ../nbs/60_check.ipynb #0b9085a2
 def _inspect_main(a):
     if Path(a.path).is_file():  # an export: what it would import and call, and whether the default load admits it
-        try: report,admitted = export_report(a.path, then=check_exported_learner)
+        try: report,admitted = export_report(a.path)
         except Exception as e: print(f"{a.path}: not a pickle this can read ({describe(e)})"); return 2
         print(report); return 0 if admitted else 1
     try: storage = storage_for(a.path)  # a local directory, or a store's URL, as `CheckpointCallback(fname=...)` names them

@@ -6,7 +6,7 @@
 from __future__ import annotations
 import os, sys, warnings
 from functools import partial
-from pathlib import Path, PurePath
+from pathlib import Path
 import torch, cloudpickle
 from fastcore.basics import *
 from fastcore.meta import delegates
@@ -14,8 +14,8 @@ import fastai.learner
 from fastai.torch_core import default_device, apply, one_param
 from fastai.data.core import DataLoaders
 from fastai.learner import Learner
-from .errors import CheckpointNotFoundError, UnsafeExportError
-from .safe_unpickle import pickle_module_for
+from .errors import CheckpointNotFoundError
+from .safe_unpickle import pickle_module_for, check_format
 from .ranks import distrib_timeout, rank_distrib, run_group
 from .rendezvous import rank_device
 from .core import broadcast_object
@@ -28,8 +28,8 @@ from .storage import file_place, storage_for
 from .checkpoint_dir import CheckpointDir
 
 # %% auto #0
-__all__ = ['model_file', 'load_device', 'model_device', 'check_exported_learner', 'load_learner', 'load_dataloaders',
-           'model_state', 'step_tensors', 'apply_model_state']
+__all__ = ['model_file', 'load_device', 'model_device', 'load_learner', 'load_dataloaders', 'model_state', 'step_tensors',
+           'apply_model_state']
 
 # %% ../nbs/41_learner.ipynb #be4cad9d
 def _is_buffer(file):
@@ -168,21 +168,6 @@ def export(self:Learner,
 # %% ../nbs/41_learner.ipynb #5b240aef
 _fastai_load_learner = fastai_original(fastai.learner, 'load_learner')
 
-def _inside(place):
-    "Is `place` (a str or a path) a name inside a folder (relative, without '..'), or a URL of object storage (a `CheckpointCallback`'s bucket, written only with the credentials you give)?"
-    return isinstance(place, (str, PurePath)) and ('://' in str(place) or not Path(place).is_absolute() and '..' not in Path(place).parts)
-
-def check_exported_learner(obj): # what a default load built, once `BuiltCheck` has passed it
-    "`obj`, where it is no `Learner`, or a `Learner` whose saves and logs stay inside its folder and whose callbacks each serve it; else an `UnsafeExportError`. The default load's own check, after `BuiltCheck` (see `pickle_module_for`'s `then`)"
-    if not isinstance(obj, Learner): return obj
-    if not _inside(obj.model_dir): raise UnsafeExportError(f"its model_dir {obj.model_dir!r} is not a folder inside the Learner's")
-    for cb in obj.cbs:
-        if vars(cb).get('learn', obj) is not obj: raise UnsafeExportError(f"its {type(cb).__name__} serves another Learner")
-        for attr in ('fname', 'log_dir'):  # where a callback writes: fastai's trackers and loggers, TensorBoard's
-            if (place := getattr(cb, attr, None)) is not None and not _inside(place):
-                raise UnsafeExportError(f"its {type(cb).__name__}'s {attr} {place!r} is not a name inside the Learner's folder")
-    return obj
-
 def _settle_export(learn, file):
     "A `Learner` a default `load_learner` read from `file`: its folder is the file's, and it reads its weights with `weights_only`"
     learn.path,learn.exported_from = Path(file).parent if isinstance(file, (str, os.PathLike)) else Path('.'),file
@@ -191,6 +176,7 @@ def _settle_export(learn, file):
 def _without_pickle_warning(read, fname):
     "`read`, without fastai's warning that the load may run any code (this one runs none from the file), then `_settle_export` as of `fname`"
     def read_export(file): # `fname`, or the bytes of rank 0's copy of it
+        check_format(file, fname)
         with warnings.catch_warnings():
             warnings.filterwarnings('ignore', message="load_learner` uses Python's insecure pickle")
             return _settle_export(read(file), fname)
@@ -202,9 +188,10 @@ def load_learner(fname, # the exported file
                  pickle_module=None, # as for `torch.load`, with `trust=True` only (default: `pickle`)
                  trust=False, # fastai's load: the file may import and run any code (your own files only)
                  allow=(), # your classes and functions the file may use, beside what fastai's exports need
+                 places=(), # where its callbacks may save besides its folder (URLs, absolute paths): each a place you trust the file to write
                  **kwargs):
     "Load a `Learner` exported with `Learner.export`, on every rank, fresh and whole, importing and running only what fastai's exports need and `allow` names (everything with `trust`)"
-    read = partial(_fastai_load_learner, cpu=cpu, pickle_module=pickle_module_for('load_learner', trust, allow, pickle_module, source=fname, then=check_exported_learner))
+    read = partial(_fastai_load_learner, cpu=cpu, pickle_module=pickle_module_for('load_learner', trust, allow, pickle_module, source=fname, places=places))
     return read_on_all(fname, read if trust else _without_pickle_warning(read, fname), 'load_learner', **kwargs)
 
 rebind_fastai(fastai.learner, 'load_learner', load_learner)
@@ -229,7 +216,7 @@ def load_dataloaders(path='.', # the directory
                      **kwargs):
     "Load `DataLoaders` saved with `DataLoaders.save`, on every rank, admitting what `load_learner` admits"
     dls = load_state(Path(path)/file, 'cpu', weights_only=False, what='load_dataloaders',
-                     pickle_module=pickle_module_for('load_dataloaders', trust, allow, source=Path(path)/file, then=check_exported_learner), **kwargs)
+                     pickle_module=pickle_module_for('load_dataloaders', trust, allow, source=Path(path)/file), **kwargs)
     return dls.to(ifnone(device, rank_device() if run_group.group() is not None else default_device()))
 
 # %% ../nbs/41_learner.ipynb #86a492b5

@@ -101,7 +101,8 @@ def ordinary_vision(out, path, files):
     "Exports of fastai's other metrics, losses, callbacks, blocks, optimizers and architectures, and of torch's layers, as users make them"
     from fastai.vision.all import (ImageDataLoaders, Resize, vision_learner, resnet18, densenet121, xresnet18, DataBlock, ImageBlock,
                                    MultiCategoryBlock, RegressionBlock, BBoxBlock, BBoxLblBlock, F1Score, Precision, LabelSmoothingCrossEntropyFlat,
-                                   FocalLossFlat, GradientAccumulation, SGD, ranger, QHAdam, accuracy_multi, MSELossFlat)
+                                   FocalLossFlat, GradientAccumulation, SGD, ranger, QHAdam, accuracy_multi, MSELossFlat, DiceLoss, default_split,
+                                   ConvLayer, SimpleSelfAttention, SegmentationDataLoaders, unet_learner)
     folder = lambda: ImageDataLoaders.from_folder(path/'digits', train='train', valid='valid', bs=8, num_workers=0, item_tfms=Resize(32))
     block = lambda y, get_y: DataBlock(blocks=(ImageBlock, y), get_y=get_y, item_tfms=Resize(32)).dataloaders(files, bs=8, num_workers=0)
     learners = {
@@ -120,11 +121,23 @@ def ordinary_vision(out, path, files):
                                                 resnet18, pretrained=False),
         'block_multi_category': lambda: vision_learner(block(MultiCategoryBlock, multi_label), resnet18, pretrained=False,
                                                        metrics=partial(accuracy_multi, thresh=0.5)),
-        'block_regression': lambda: vision_learner(block(RegressionBlock, digit_value), resnet18, pretrained=False)}
+        'block_regression': lambda: vision_learner(block(RegressionBlock, digit_value), resnet18, pretrained=False),
+        # torch's weight and spectral normalisation, fastai's self-attention (spectral normalisation's hooks), Dice loss, a splitter, channels-last
+        'layer_weight_norm': lambda: Learner(folder(), nn.Sequential(nn.Flatten(), nn.utils.weight_norm(nn.Linear(3*32*32, 10))), metrics=accuracy),
+        'layer_spectral_norm': lambda: Learner(folder(), nn.Sequential(nn.Flatten(), nn.utils.spectral_norm(nn.Linear(3*32*32, 10))), metrics=accuracy),
+        'layer_simple_self_attention': lambda: Learner(folder(), nn.Sequential(ConvLayer(3, 8), SimpleSelfAttention(8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))),
+        'arch_xresnet_self_attention': lambda: Learner(folder(), xresnet18(n_out=10, sa=True), metrics=accuracy),
+        'loss_dice': lambda: Learner(folder(), nn.Sequential(nn.Flatten(), nn.Linear(3*32*32, 10)), loss_func=DiceLoss()),
+        'split_default': lambda: vision_learner(folder(), resnet18, pretrained=False, splitter=default_split),
+        'callback_channels_last': lambda: Learner(folder(), nn.Sequential(ConvLayer(3, 8), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))).to_channelslast(),
+        'segmentation_self_attention': lambda: unet_learner(SegmentationDataLoaders.from_label_func(path, files, mask_of, codes=['background', 'ink'], bs=4, num_workers=0),
+                                                            resnet18, pretrained=False, n_out=2, self_attention=True)}
+    seg = lambda l, x: (int(l.predict(x)[0].sum()), None, l.predict(x)[2])
     made = {}
     for name,make in learners.items():
         set_seed(1)
-        made[name] = fit_and_export(make(), out, name, str(files[0]))
+        made[name] = fit_and_export(make(), out, name, str(files[0]), seg if name.startswith('segmentation') else lambda l, x: l.predict(x))
+        if name.startswith('segmentation'): made[name]['pred'] = int(made[name]['pred'])
     set_seed(1)  # boxes: no fit (a model of its own for them), the predictions of a test DataLoader
     boxes = DataBlock(blocks=(ImageBlock, BBoxBlock, BBoxLblBlock), get_y=[box_of, box_label], item_tfms=Resize(32), n_inp=1)
     learn = Learner(boxes.dataloaders(files, bs=8, num_workers=0), nn.Sequential(nn.Flatten(), nn.Linear(3*32*32, 4)), loss_func=MSELossFlat())
@@ -225,21 +238,28 @@ def text(out, path):
     learn = text_classifier_learner(dls, AWD_LSTM, config={**awd_lstm_clas_config, 'emb_sz': 16, 'n_hid': 16, 'n_layers': 1},
                                     pretrained=False, metrics=accuracy)
     sample = "The import statement finds a module and binds a name."
-    return fit_and_export(learn, out, 'text', sample), sample
+    made = {'text': fit_and_export(learn, out, 'text', sample)}
+    set_seed(1)  # a language model (fastai's `LMLearner`, its DataLoaders' `ReindexCollection` and `Chunks`)
+    lm = TextDataLoaders.from_df(df, path, text_col='text', is_lm=True, valid_pct=0.2, seed=1, bs=8, seq_len=16, num_workers=0)
+    learn = language_model_learner(lm, AWD_LSTM, config={**awd_lstm_lm_config, 'emb_sz': 16, 'n_hid': 16, 'n_layers': 1}, pretrained=False, metrics=accuracy)
+    made['text_lm'] = fit_and_export(learn, out, 'text_lm', "The import statement", lambda l, x: (set_seed(0), l.predict(x, n_words=3))[1:] + (None, torch.zeros(1)))  # a seeded sample: the loader's is the same
+    return made, sample
 
 if __name__ == '__main__':
     out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
     work = out/'data'
     made, samples = {}, {}
-    first = sys.argv[2:] == ['--first']  # the first vision variants alone: what `benchmarks/safe_load.py` loads
+    first = sys.argv[2:] == ['--first']  # the first vision variants and the tables alone: what `benchmarks/safe_load.py` loads
     if torchvision_imports():
         images,sample = vision(out, work)
         if not first: images.update(ordinary_vision(out, work, digit_files(work/'digits')))
         made.update(images); samples.update({k: sample for k in images})
-    for application in () if first else (tabular, ordinary_tabular, collab):
+    for application in (tabular,) if first else (tabular, ordinary_tabular, collab):
         res,sample = application(out, work)
         made.update(res); samples.update(sample)
-    if not first: made['text'],samples['text'] = text(out, work)
+    if not first:
+        res,sample = text(out, work)
+        made.update(res); samples.update({k: sample if k == 'text' else "The import statement" for k in res})
     import fastai, fastcore
     (out/'corpus.json').write_text(json.dumps(dict(fastai=fastai.__version__, fastcore=fastcore.__version__, torch=torch.__version__,
         vision=torchvision_imports(), made=made, samples=samples), indent=1, default=str))

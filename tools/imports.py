@@ -13,7 +13,7 @@ LAYERS = [
     ('ranks: who this process is, and all-gathers with a timeout', ['errors', 'ranks', 'store_gather', 'rendezvous', 'core']),
     ('files: one file written whole, by one process', ['locations', 'files', 'checksums', 'written', 'fastai_imports']),
     ('transport: files to and from object storage', ['transport']),
-    ('the save and load protocol', ['matching', 'background', 'directories', 'reads', 'persist', 'unpickle_policy', 'safe_unpickle']),
+    ('the save and load protocol', ['matching', 'background', 'directories', 'reads', 'persist', 'export_reader', 'unpickle_policy', 'safe_unpickle']),
     ('the training state and its format', ['resume', 'manifest', 'train_state', 'raw_state']),
     ('checkpoint storage', ['storage', 'checkpoint_dir', 'object_store', 'tiers', 'memory_room', 'rng_handoff', 'memory_storage', 'memory_tier', 'durable_tier']),
     ('the fastai patches', ['distributed', 'learner', 'loops', 'text', 'writers', 'patches']),

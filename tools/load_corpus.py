@@ -13,7 +13,6 @@ try: from fastai.vision.all import *  # as a script that loads a vision export i
 except Exception: pass
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.safe_unpickle import export_report
-from ddp_safe_fastai.learner import check_exported_learner
 
 warnings.filterwarnings('ignore')
 corpus, mode = Path(sys.argv[1]), sys.argv[2]
@@ -38,8 +37,9 @@ def predict(name, learn, sample):
             test = learn.dls.test_dl(pd.DataFrame(sample)) if name.startswith('collab') else learn.dls.test_dl([Path(sample)], before_batch=noop)  # no boxes to pad
             return dict(pred='None', probs=[round(float(p), 4) for p in learn.get_preds(dl=test)[0].flatten()[:8]])
         if name.startswith('tabular'): sample = pd.Series(sample)
+        if name == 'text_lm': set_seed(0); return dict(pred=str(learn.predict(sample, n_words=3)), probs=[0.0])
         res = learn.predict(sample)
-    if name == 'segmentation': return dict(pred=int(res[0].sum()), probs=[round(float(p), 4) for p in res[2].flatten()[:8]])
+    if name.startswith('segmentation'): return dict(pred=int(res[0].sum()), probs=[round(float(p), 4) for p in res[2].flatten()[:8]])
     if name == 'keypoints': return dict(pred=res[0].flatten().tolist(), probs=[round(float(p), 4) for p in res[2].flatten()[:8]])
     return dict(pred=str(res[1] if name.startswith('tabular') else res[0]), probs=[round(float(p), 4) for p in res[2].flatten()[:8]])
 
@@ -67,6 +67,6 @@ for name, sample in made['samples'].items():
                          label=label_of(learn) if name.startswith('vision_') else None)
         if mode == 'define' and name not in UNTRAINED: out[name]['trained'] = trains(learn, dls)
         if mode == 'none':  # `ddp-safe-check inspect`'s decision, in a program that defines no function of its own, as this one
-            out[name]['inspected'] = [export_report(corpus/f, then=check_exported_learner)[1] for f in (f'{name}.pkl', f'{name}_dls.pkl')]
+            out[name]['inspected'] = [export_report(corpus/f)[1] for f in (f'{name}.pkl', f'{name}_dls.pkl')]
     except Exception as e: out[name] = dict(error=f"{type(e).__name__}: {e}")
 (corpus/f'loaded-{mode}.json').write_text(json.dumps(out, indent=1, default=str))
