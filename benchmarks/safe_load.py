@@ -1,5 +1,6 @@
 """The cost of `load_learner`'s safe default: a vision export of about 90 MB (`tools/export_corpus.py`'s
-`vision_folders`: resnet34, the augmentations of fastai's defaults) and a tabular one of about 1 MB (`tabular`), each
+`vision_folders`: resnet34, the augmentations of fastai's defaults) and one of about 1 MB (`testing.synth_learner`'s with
+a model of two linear layers), each
 loaded by default (read as data, checked kind by kind, built by `safe_unpickle`) and with fastai's own `load_learner` (`pickle`), each once untimed, then in pairs, one of each back to back (their
 order alternating), and the median of the pairs' ratios: a machine that slows down for a while slows both loads of a
 pair. Not part of the tests; run `../.venv-latest/bin/python safe_load.py` from here."""
@@ -28,7 +29,10 @@ def main(pairs=61):
     with tempfile.TemporaryDirectory() as d:
         subprocess.run([sys.executable, Path(__file__).parent.parent/'tools'/'export_corpus.py', d, '--first'], check=True, capture_output=True, cwd=d)
         print(f"| export | MB | safe load, median | fastai's load_learner, median | ratio, median of {pairs} pairs (quartiles) |\n|---|---|---|---|---|")
-        for name,what in [('vision_folders', 'resnet34'), ('tabular', 'a tabular model')]:
+        import torch
+        from ddp_safe_fastai.testing import synth_learner
+        small = synth_learner(path=d); small.model = torch.nn.Sequential(torch.nn.Linear(4, 512), torch.nn.Linear(512, 512)); small.export(Path(d)/'small.pkl')
+        for name,what in [('vision_folders', 'resnet34'), ('small', 'two linear layers')]:
             f = Path(d)/f'{name}.pkl'
             load_learner(f); _fastai_load_learner(f, pickle_module=pickle)  # each once, untimed: the first load of a process imports and warms up
             measured = [pair(f, i % 2 == 0) for i in range(pairs)]

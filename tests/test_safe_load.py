@@ -636,3 +636,12 @@ def test_a_class_carried_from_a_notebook(tmp_path):
     loaded = run(script('loader.py', 'return self.lin(x)'), 'load')
     assert loaded.returncode == 0, loaded.stderr[-3000:]
     assert loaded.stdout.split()[-1] == made.stdout.split()[-1] and not (tmp_path/'ran').exists()
+
+def test_nesting_and_counts_bounded_by_the_file():
+    "Values nested five thousand deep (ten kilobytes: a user's `export` of them again would overflow pickle's recursion) are refused; a pickle of more objects than the reader's limit is refused as it is read, before anything is checked or built"
+    from ddp_safe_fastai.safe_unpickle import ExportPickle
+    deep = b'\x80\x02' + b']' * 5000 + b'a' * 4999 + b'.'
+    with pytest.raises(UnsafeExportError, match='nested deeper than 1000'): ExportPickle().loads(deep)
+    many = b'\x80\x02(' + b']' * 1_000_001 + b'l.'
+    with pytest.raises(UnsafeExportError, match='more than 1000000 objects'): ExportPickle().loads(many)
+    assert ExportPickle().loads(b'\x80\x02' + b']' * 50 + b'a' * 49 + b'.') is not None  # fifty deep: as an export nests

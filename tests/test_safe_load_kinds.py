@@ -101,23 +101,25 @@ def test_places_named_by_the_loading_call(tmp_path):
     with pytest.raises(UnsafeExportError, match=r"places=\['file://"): load_learner(f, places=['s3://another/place'])
 
 def test_a_hook_loaded_keeps_its_own_id(tmp_path):
-    "A fastai Hook exported on a model: once loaded, its handle removes its own hook, a hook registered later runs beside it, and torch's `next_id` is not what the file said"
-    from fastai.callback.hook import Hook
+    "A fastai Hook exported on a model, its handle's id and its key in the module's hooks what the file says: once loaded, torch's `next_id` is not raised to it, its handle removes its own hook, and hooks registered later (whose ids the file may have chosen) never take its place"
+    from fastai.callback.hook import Hook, _hook_inner
     from ddp_safe_fastai.all import load_learner
-    seen = []
-    from fastai.callback.hook import _hook_inner
-    def change(l):  # the handle's id and its key in the module's hooks both 10**18: torch's `__setstate__` would raise `next_id` past it
-        l.hook = Hook(l.model, _hook_inner)
-        fn = l.model._forward_hooks.pop(l.hook.hook.id)
-        l.hook.hook.id = 10**18; l.model._forward_hooks[10**18] = fn
-    f = tampered(tmp_path, tmp_path/'export.pkl', change)
-    inf = load_learner(f)
-    assert torch.utils.hooks.RemovableHandle.next_id < 10**9
-    inf.model.register_forward_hook(lambda m, i, o: seen.append(1))
-    inf.model(torch.zeros(1, 4))
-    assert seen == [1] and len(inf.model._forward_hooks) == 2
-    inf.hook.remove()
-    assert len(inf.model._forward_hooks) == 1
+    RemovableHandle = torch.utils.hooks.RemovableHandle
+    for hid in (10**18, 10**6):  # past what torch counts to; an id a long-running process hands out
+        def change(l):
+            l.hook = Hook(l.model, _hook_inner)
+            fn = l.model._forward_hooks.pop(l.hook.hook.id)
+            l.hook.hook.id = hid; l.model._forward_hooks[hid] = fn
+        inf = load_learner(tampered(tmp_path, tmp_path/'export.pkl', change))
+        assert RemovableHandle.next_id < 10**6
+        seen,counted = [],RemovableHandle.next_id
+        if hid == 10**6: RemovableHandle.next_id = hid - 2  # a process that has registered a million hooks: its next ids meet the file's
+        for _ in range(6): inf.model.register_forward_hook(lambda m, i, o: seen.append(1))
+        inf.model(torch.zeros(1, 4))
+        assert seen == [1]*6 and len(inf.model._forward_hooks) == 7, (hid, inf.model._forward_hooks)
+        RemovableHandle.next_id = max(RemovableHandle.next_id, counted)
+        inf.hook.remove()
+        assert len(inf.model._forward_hooks) == 6 and inf.hook.stored is not None
 
 def test_fuzzer(tmp_path):
     "500 mutants of real exports with a fixed seed, each loaded in a child process and used: no disagreement with inspect, no effect, no crash, no time-out"

@@ -249,12 +249,12 @@ if __name__ == '__main__':
     out = Path(sys.argv[1]); out.mkdir(parents=True, exist_ok=True)
     work = out/'data'
     made, samples = {}, {}
-    first = sys.argv[2:] == ['--first']  # the first vision variants and the tables alone: what `benchmarks/safe_load.py` loads
+    first = sys.argv[2:] == ['--first']  # the first vision variants alone: what `benchmarks/safe_load.py` loads
     if torchvision_imports():
         images,sample = vision(out, work)
         if not first: images.update(ordinary_vision(out, work, digit_files(work/'digits')))
         made.update(images); samples.update({k: sample for k in images})
-    for application in (tabular,) if first else (tabular, ordinary_tabular, collab):
+    for application in () if first else (tabular, ordinary_tabular, collab):
         res,sample = application(out, work)
         made.update(res); samples.update(sample)
     if not first:
