@@ -144,7 +144,9 @@ class ExportCheck:
         elif isinstance(node, PersistentId):  # a storage; in torch's older format, a module's class too
             pid = node.pid
             module_class = isinstance(pid, Container) and pid.kind == 'tuple' and len(pid.items) > 1 and pid.items[0] == 'module' and isinstance(pid.items[1], Global)
-            t = self.type_of(pid.items[1], depth + 1) if module_class else _Typed('storage')
+            if module_class: t = self.type_of(pid.items[1], depth + 1)
+            elif _storage_id(self, pid): t = _Typed('storage')
+            else: self.refuse("a persistent id that is not a storage of the archive ('storage', its type, key, place, size)", node); t = _Typed('refused')
         elif isinstance(node, New):
             f = self.type_of(node.func, depth + 1)
             t = _Typed(f.obj, full=f.full) if f.what == 'class' and f.only != 'refer' else _Typed('refused')
@@ -303,7 +305,7 @@ class ExportCheck:
         if not (items and len(items) in (2, 3) and (items[0] is None or self.type_of(items[0]).what is collections.OrderedDict) and type(items[1]) is int and 0 <= items[1] < 2**62
                 and (len(items) == 2 or items[2] is None or isinstance(items[2], Container) and items[2].kind == 'tuple' and all(self.type_of(x).what is collections.OrderedDict for x in items[2].items))):
             self.refuse("it would give a hook's handle a state that is not (the ordered dict of hooks it removes from, its id)", node); return []
-        return [(items[0], 'RemovableHandle', 'hooks')]
+        return [(x, 'RemovableHandle', 'hooks') for x in items if not isinstance(x, _PLAIN)]
 
     def call(self, node, t):
         "A call the file asks for: a constructor with the arguments its rule takes; a bound method; a carried function"
@@ -353,7 +355,8 @@ class ExportCheck:
         if e.result == 'carried-class': return self.carried_class(node, args[1] if len(args) > 1 else None)
         if e.result == 'member': return _Typed(f.obj, full=f.full)
         if e.result in ('index', 'extension') or e.result == 'tensor' and f.full.endswith('_rebuild_from_type_v2'):
-            cls = self.type_of(args[1 if e.result == 'tensor' else 0], depth + 1) if args else None
+            i = 1 if e.result == 'tensor' else 0
+            cls = self.type_of(args[i], depth + 1) if len(args) > i else None
             return _Typed(cls.obj if cls is not None and cls.what == 'class' else 'refused')
         if e.result == 'class': return _Typed('class', type(None), 'refer', 'builtins.NoneType')
         return _Typed(_RESULTS.get(e.result) or _result_class(e.result))
@@ -470,7 +473,7 @@ class ExportCheck:
         if not (state.kind == 'dict' and all(isinstance(k, str) and k not in _TENSOR_SLOTS and (not k.startswith('_') or k == '_meta') and
                                               (isinstance(v, _PLAIN) or isinstance(v, Container) and all(isinstance(x, _PLAIN) for kv in v.items for x in (kv if v.kind == 'dict' else (kv,))))
                                               for k,v in state.items)):
-            self.refuse(f"a tensor of fastai's type with {[k for k,_ in state.items]} set: only its plain attributes", node)
+            self.refuse(f"a tensor of fastai's type with {[kv[0] for kv in state.items] if state.kind == 'dict' else _what(state)} set: only its plain attributes", node)
 
     def constructed_state(self, node, f, s):
         "The state a constructor's object takes (BUILD): plain data of the shape that constructor's own state has"
@@ -646,6 +649,27 @@ def _result_class(name):
 
 _TAKES_ITEMS = ('collections.OrderedDict', 'collections.defaultdict')  # what a constructor makes that the file may fill (a state: those of `_STATES`)
 
+def _storage_id(check, pid):
+    "Is `pid` torch's id of a storage of the archive: ('storage', a storage type the policy names, its key, its place, its size) (and a view's place in the older format)?"
+    items = pid.items if isinstance(pid, Container) and pid.kind == 'tuple' else ()
+    return (len(items) in (5, 6) and items[0] == 'storage' and check.type_of(items[1]).what == 'class' and isinstance(check.type_of(items[1]).obj, type)
+            and check.type_of(items[1]).obj.__name__.endswith('Storage') and isinstance(items[2], str) and isinstance(items[3], str) and type(items[4]) is int and items[4] >= 0)
+
+def _array_fits(check, s):
+    "An array's state: (version, shape, dtype, fortran order, its bytes, or for objects a list), as many bytes or items as its shape and plain dtype say"
+    items = s.items if isinstance(s, Container) and s.kind == 'tuple' and len(s.items) == 5 else None
+    if items is None or type(items[0]) is not int or not _arg_fits(check, items[1], 'ints') or type(items[3]) is not bool: return False
+    shape,d,raw = items[1].items,items[2],items[4]
+    if any(n < 0 for n in shape) or not (isinstance(d, Call) and d.args.items and isinstance(d.args.items[0], str)): return False
+    try: dtype = np.dtype(d.args.items[0])
+    except TypeError: return False
+    n = 1
+    for k in shape: n *= k
+    if dtype.hasobject: return isinstance(raw, Container) and raw.kind == 'list' and len(raw.items) == n
+    size = (len(raw) if isinstance(raw, bytes) else len(raw.args.items[0]) if isinstance(raw, Call) and raw.args.items and isinstance(raw.args.items[0], str)
+            else 0 if isinstance(raw, Call) and getattr(raw.func, 'full', None) == 'builtins.bytes' and not raw.args.items else None)  # protocol 2 writes bytes as a call: `encode(text, 'latin1')`, or `bytes()`
+    return size == n * dtype.itemsize
+
 def _tuple_of(s, *checks):
     "Is `s` a tuple the file holds, of as many items as `checks`, each passing its check?"
     return isinstance(s, Container) and s.kind == 'tuple' and len(s.items) == len(checks) and all(c(x) for c,x in zip(checks, s.items))
@@ -653,8 +677,7 @@ def _tuple_of(s, *checks):
 _int,_str,_none = (lambda x: type(x) is int),(lambda x: isinstance(x, str)),(lambda x: x is None)
 _STATES = {  # the state each constructor's own object takes, as its class pickles it: plain data only
     'numpy.dtype': lambda c, s: _tuple_of(s, _int, _str, _none, _none, _none, _int, _int, _int),  # (version, byte order, no subarray, no names, no fields, sizes, flags): a plain descr
-    'numpy._core.multiarray._reconstruct': lambda c, s: _tuple_of(s, _int, lambda x: _arg_fits(c, x, 'ints'), lambda x: _arg_fits(c, x, 'dtype'), lambda x: type(x) is bool,
-                                                               lambda x: _arg_fits(c, x, 'bytes') or isinstance(x, Container) and x.kind == 'list'),
+    'numpy._core.multiarray._reconstruct': _array_fits,
     'random.Random': lambda c, s: _tuple_of(s, _int, lambda x: _arg_fits(c, x, 'ints') and len(x.items) == 625 and all(0 <= i < 2**32 for i in x.items),
                                             lambda x: x is None or type(x) is float),  # Mersenne Twister's: 625 words
     'functools.partial': lambda c, s: _tuple_of(s, lambda x: _arg_fits(c, x, 'function'), lambda x: isinstance(x, Container) and x.kind == 'tuple',
@@ -676,14 +699,18 @@ def _dispatched(check, v):
         name = getattr(n.func, 'full', None)
         if name not in _PLUM: return None
         for s in n.states:
-            items = s.items if isinstance(s, Container) else []
-            if name == 'plum._method.Method': found += [x for kv in (items[1].items if len(items) == 2 and isinstance(items[1], Container) else []) for k,x in [kv] if k == 'implementation']
+            items = s.items if isinstance(s, Container) and s.kind in ('dict', 'tuple') else []
+            if name == 'plum._method.Method':
+                slots = items[1] if s.kind == 'tuple' and len(items) == 2 and isinstance(items[1], Container) and items[1].kind == 'dict' else None
+                found += [x for k,x in (slots.items if slots is not None else []) if k == 'implementation']
+                continue
+            if s.kind != 'dict': return None  # a plum object's state is a dict, or a Method's (None, slots)
             elif name == 'plum._function.Function':
                 todo += [x for k,x in items if k == '_resolver']
                 found += [p.items[0] for k,x in items if k == '_pending' and isinstance(x, Container) for p in x.items if isinstance(p, Container) and p.items]
             elif name == 'plum._resolver.Resolver': todo += [x for k,x in items if k == 'methods']
         if name == 'plum._method.MethodList': todo += n.items
-        if name == 'plum._function.Function': found = [x for s in n.states for k,x in getattr(s, 'items', []) if k == '_f'] + found
+        if name == 'plum._function.Function': found = [x for s in n.states if isinstance(s, Container) and s.kind == 'dict' for k,x in s.items if k == '_f'] + found
     return list({id(f): f for f in found}.values())
 
 def known_word(word):
@@ -727,29 +754,44 @@ class ExportBuild:
         return self.built[id(node)]
 
     def build(self):
-        "Every node the root reaches, made (children first, but for an object's state), then the root"
+        "Every node the root reaches, made (what it is made of first; what an object holds before its state is set), then the root. An object whose state holds what is not made yet (a callback holding a method bound to itself) is given its state once all is made"
         root = self.c.tree.root
-        todo,making = [(root, 0)],set()
+        todo,making,later = [(root, 0, True)],set(),[]
         built = self.built
         while todo:
-            node,phase = todo.pop()
+            node,phase,needed = todo.pop()
             if phase == 0 and (isinstance(node, _PLAIN) or id(node) in built): continue
             if phase == 0 and isinstance(node, Container) and node.kind == 'tuple' and all(type(x) in _PLAIN_TYPES or id(x) in built for x in node.items):
                 built[id(node)] = tuple(x if type(x) in _PLAIN_TYPES else built[id(x)] for x in node.items); continue  # the commonest: a tuple of what is made already
             if phase == 0 and type(node) is Call and not (node.states or node.items or node.pairs) and id(node.args) in built and id(node) in self.c.checked:
                 if (made := self.plain_call(node)) is not _NOT: built[id(node)] = made; continue  # a module's empty hooks: made at once
             if phase == 0:
-                if id(node) in making: raise UnsafeExportError(f"{self.c.where}: {_what(node)} is among its own arguments (at byte {node.at})")
+                if id(node) in making:
+                    if needed: raise UnsafeExportError(f"{self.c.where}: {_what(node)} is among its own arguments (at byte {node.at})")
+                    continue  # held in a state: made when its turn comes, the state set later
                 making.add(id(node))
-                todo.append((node, 1))
-                todo += [(x, 0) for x in reversed(self.needs(node))]
+                todo.append((node, 1, True))
+                todo += [(x, 0, True) for x in reversed(self.needs(node))]
             elif phase == 1:
-                self.built[id(node)] = self.make(node)
-                todo.append((node, 2))
-                todo += [(x, 0) for x in reversed(self.holds(node))]
-            else: self.fill(node)
+                built[id(node)] = self.make(node)
+                todo.append((node, 2, True))
+                todo += [(x, 0, False) for x in reversed(self.holds(node))]
+            elif all(type(x) in _PLAIN_TYPES or id(x) in built for x in self.holds(node)): self.fill(node)
+            else: later.append(node)
+        for node in later: self.fill(node)
         for m in self.modules: self.own_hook_ids(m)
         return self.value(root)
+
+    def unchecked(self):
+        "The objects the build would make that the check did not reach: the build's walk (`needs`, `holds`), nothing made"
+        seen,todo,found = set(),[self.c.tree.root],[]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, _PLAIN) or id(node) in seen: continue
+            seen.add(id(node))
+            if isinstance(node, Made) and id(node) not in self.c.checked: found.append(node); continue
+            todo += self.needs(node) + self.holds(node)
+        return found
 
     def plain_call(self, node):
         "What a constructor of plain values makes of arguments made already (`OrderedDict()`, `set([...])`), or `_NOT` where the call is no such one"
@@ -1028,6 +1070,8 @@ def check_tree(tree, allow=(), places=(), where='the file', source=None, policy=
     "The default load's check of a pickle read as data (once `POLICY_RULE`'s libraries are imported): the `ExportCheck`, or an `UnsafeExportError` saying everything it refuses"
     POLICY_RULE.import_libraries()
     c = ExportCheck(tree, policy, _allowed(allow), places, where).check()
+    if not c.refused:  # what the build would make, each checked: the build's own walk, made nowhere
+        for node in ExportBuild(c).unchecked(): c.refuse(f"{_what(node)}, which the check did not reach, would be built", node)
     if c.refused: raise UnsafeExportError(refusal_message(c.refused, source, c.standing.items()))
     return c
 

@@ -101,6 +101,7 @@ spacy.vocab unpickle_vocab call value value value value? value? value? value? va
 # functions, methods and types a fastai export refers to, some of which fastai calls at inference (tokenizer rules, hooks, `load_image`, splitters, the optimizer, tensor types): never called while loading; fastai's code, with no command, file write or import
 fastai.callback.hook Hook.hook_fn refer bound:fastai.callback.hook.Hook
 fastai.callback.hook _hook_inner refer
+fastai.callback.progress ProgressCallback._write_stats refer bound:fastai.callback.progress.ProgressCallback
 fastai.data.core FilteredBase refer
 fastai.data.core FilteredBase.dataloaders refer bound:fastai.data.core.FilteredBase
 fastai.data.load _wif refer at:fastai.data.load._FakeLoader.worker_init_fn

@@ -360,8 +360,8 @@ from pathlib import Path
 from fastai.learner import load_learner
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.testing import synth_learner
-export, root, options = sys.argv[1], sys.argv[2], eval(sys.argv[3])
-learn = load_learner(export)
+export, root, options, bucket = sys.argv[1], sys.argv[2], eval(sys.argv[3]), sys.argv[4]
+learn = load_learner(export, places=[bucket])  # the bucket its callbacks write to, named by the loading call (a file never chooses one)
 learn.path, learn.dls = Path(root), synth_learner(n=128, path=Path(root), seed=5).dls
 if options == 'none':
     try: learn.fit(1)
@@ -392,7 +392,7 @@ def test_no_credential_in_a_file(tmp_path, swift):
         assert secret not in errors[0]
     # another machine: the export, without the options
     elsewhere = lambda options, env: subprocess.run(
-        [sys.executable, '-c', _loaded_elsewhere, str(tmp_path/'run'/'export.pkl'), str(tmp_path/'elsewhere'), repr(options)],
+        [sys.executable, '-c', _loaded_elsewhere, str(tmp_path/'run'/'export.pkl'), str(tmp_path/'elsewhere'), repr(options), f"s3://{bucket}"],
         capture_output=True, text=True, timeout=180, env={**os.environ, 'AWS_ENDPOINT_URL': swift.endpoint, **no_credentials, **env})
     lacking = elsewhere('none', {})
     assert lacking.returncode == 0, lacking.stderr[-3000:]

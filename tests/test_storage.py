@@ -2,7 +2,7 @@
 registration, handed to both callbacks and `Learner.export` (`storage=`) or named by its URL, on 2 ranks under
 torchrun: a run killed after its second epoch, its disk wiped, resumes from that storage; the export holds no storage
 and finds it again where it loads. The class here keeps files as an object store does, in a local folder"""
-import os, shutil
+import os, shutil, pytest
 from pathlib import Path
 import torch
 from ddp_safe_fastai.all import *
@@ -62,6 +62,7 @@ def test_a_storage_of_your_own(tmp_path):
     assert (store/'latest').read_text() == 'epoch_0004' and (store/'export.pkl').is_file()
     exported = tmp_path/'whole_store'/'export.pkl'  # the run whose callbacks were handed the storage
     assert b'test_storage' not in exported.read_bytes()  # no object of this module, the storage among them, is in the export
-    learn = load_learner(exported)
+    with pytest.raises(UnsafeExportError, match=r"places=\['folder://"): load_learner(exported)  # a place outside its folder: named by the loading call, or refused
+    learn = load_learner(exported, places=[f"folder://{tmp_path/'whole_store'}"])
     assert (learn.checkpoint.where, learn.checkpoint.not_saved) == (f"folder://{tmp_path/'whole_store'}", 'storage (FolderStore) is')
     assert type(learn.checkpoint.storage) is FolderStore and learn.safe_save_model.storage.where == learn.checkpoint.where  # made again from there

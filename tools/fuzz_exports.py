@@ -172,7 +172,8 @@ def run_children(work, files, limit, use=False, places=()):
             if not line:
                 code = p.wait()
                 if current is not None: results.append(dict(file=current, load=f'crash: exit {code}', inspect='?')); left = left[left.index(current) + 1:]
-                else: left = []
+                elif code == 0: left = []
+                elif results: results[-1]['load'] = f"crash after: exit {code}"  # it died between two files: after the last it said
                 break
             if line.startswith('START '): current,started = line[6:].strip(),time.monotonic()
             elif line.startswith('RESULT '):
@@ -208,7 +209,7 @@ def summary(results):
     return dict(mutants=len(results), loads=loads, disagreements=len(disagree), effects=len(effects),
                 crashes=sum(r['load'].startswith('crash') for r in results), timeouts=sum(r['load'] == 'timeout' for r in results),
                 slowest_s=max((r.get('seconds', 0) for r in results), default=0), most_mib=max((r.get('mib', 0) for r in results), default=0),
-                examples=[(r['mutation'], r['load'], r['inspect']) for r in (effects + disagree)[:10]])
+                examples=[(r.get('mutation'), r['load'], r['inspect']) for r in (effects + disagree)[:10]])
 
 if __name__ == '__main__':
     a = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
