@@ -503,12 +503,6 @@ def _own_methods(cls, full):
     f = lambda v: v.__func__ if isinstance(v, (classmethod, staticmethod)) else v
     return frozenset(n for n,v in found.items() if isinstance(f(v), types.FunctionType) and f"{f(v).__module__}.{f(v).__qualname__}" == full)
 
-def _class_attribute(cls, k):
-    "What `cls` holds as `k` (None where it does not)"
-    for c in cls.__mro__:
-        if k in vars(c): return vars(c)[k]
-    return None
-
 def _what(node):
     if isinstance(node, Global): return node.full
     if isinstance(node, Container): return f"a {node.kind}"
