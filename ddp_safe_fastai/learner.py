@@ -15,7 +15,7 @@ from fastai.torch_core import default_device, apply, one_param
 from fastai.data.core import DataLoaders
 from fastai.learner import Learner
 from .errors import CheckpointNotFoundError
-from .safe_unpickle import pickle_module_for, check_format
+from .safe_unpickle import ArchiveStorages, pickle_module_for, check_format
 from .ranks import distrib_timeout, rank_distrib, run_group
 from .rendezvous import rank_device
 from .core import broadcast_object
@@ -173,13 +173,15 @@ def _settle_export(learn, file):
     learn.path,learn.exported_from = Path(file).parent if isinstance(file, (str, os.PathLike)) else Path('.'),file
     return learn
 
-def _without_pickle_warning(read, fname):
-    "`read`, without fastai's warning that the load may run any code (this one runs none from the file), then `_settle_export` as of `fname`"
+def _read_safely(fname, cpu, **kwargs):
+    "The default load of an export, as `read_on_all` calls it: `fname`'s storages copied while its pickle is read and checked (`ArchiveStorages`), fastai's load without its warning that the load may run any code (this one runs none from the file), then `_settle_export` as of `fname`"
+    pickle_module_for('load_learner', source=fname, **kwargs)  # a bad `allow` or `pickle_module` said at the call, on every rank
     def read_export(file): # `fname`, or the bytes of rank 0's copy of it
         check_format(file, fname)
-        with warnings.catch_warnings():
+        with ArchiveStorages(file, 'cpu' if cpu else default_device()) as storages, warnings.catch_warnings():
             warnings.filterwarnings('ignore', message="load_learner` uses Python's insecure pickle")
-            return _settle_export(read(file), fname)
+            learn = _fastai_load_learner(storages.file, cpu=cpu, pickle_module=pickle_module_for('load_learner', source=fname, storages=storages, **kwargs))
+        return _settle_export(learn, fname)
     return read_export
 
 @delegates(read_on_all, but='read,what,scope')
@@ -191,8 +193,9 @@ def load_learner(fname, # the exported file
                  places=(), # where its callbacks may save besides its folder (URLs, absolute paths): each a place you trust the file to write
                  **kwargs):
     "Load a `Learner` exported with `Learner.export`, on every rank, fresh and whole, importing and running only what fastai's exports need and `allow` names (everything with `trust`)"
-    read = partial(_fastai_load_learner, cpu=cpu, pickle_module=pickle_module_for('load_learner', trust, allow, pickle_module, source=fname, places=places))
-    return read_on_all(fname, read if trust else _without_pickle_warning(read, fname), 'load_learner', **kwargs)
+    read = (partial(_fastai_load_learner, cpu=cpu, pickle_module=pickle_module_for('load_learner', trust, allow, pickle_module)) if trust
+            else _read_safely(fname, cpu, allow=allow, pickle_module=pickle_module, places=places))
+    return read_on_all(fname, read, 'load_learner', **kwargs)
 
 rebind_fastai(fastai.learner, 'load_learner', load_learner)
 

@@ -4,7 +4,7 @@
 
 # %% ../nbs/15_safe_unpickle.ipynb #b042c763
 from __future__ import annotations
-import io, gc, sys, types, pickle, weakref, warnings, importlib, functools, contextlib, collections
+import io, os, gc, sys, types, pickle, struct, weakref, zipfile, warnings, threading, importlib, functools, contextlib, collections
 import numpy as np, torch
 from pathlib import Path, PurePath
 from .errors import UnsafeExportError
@@ -13,8 +13,8 @@ from .unpickle_policy import export_policy, POLICY_RULE, KINDS, REVIEWED_SETSTAT
 
 # %% auto #0
 __all__ = ['READ_AS_DATA', 'StandIn', 'CarriedFunction', 'ExportCheck', 'known_word', 'ExportBuild', 'refusal_message',
-           'check_tree', 'ExportPickle', 'pickle_module_for', 'check_format', 'pickle_of', 'export_uses',
-           'export_verdict', 'export_report']
+           'check_tree', 'ExportPickle', 'ArchiveStorages', 'pickle_module_for', 'check_format', 'pickle_of',
+           'export_uses', 'export_verdict', 'export_report']
 
 # %% ../nbs/15_safe_unpickle.ipynb #a91c9650
 class StandIn:
@@ -84,6 +84,8 @@ class _Typed:
 # %% ../nbs/15_safe_unpickle.ipynb #7d603df4
 _PLAIN = (str, bytes, int, float, bool, type(None))
 _PLAIN_TYPES = frozenset(_PLAIN)
+_PLAIN_TYPED = {t: _Typed(t) for t in _PLAIN}
+_PLAIN_RESULTS = frozenset({'collections.OrderedDict', 'set', 'frozenset', 'slice', 'torch.Size', 'torch.device', 'pathlib.PosixPath', 'collections.Counter'})  # what constructors of plain values make
 _DEPTH = 1000 # values nested in values: a fastai export nests a few dozen deep
 _EXPANDED = 1 << 18 # elements of views beyond their storage, in all: an expanded view of a tensor of ones is an export's, not a gigabyte's
 _TENSOR_SLOTS = {'grad', 'data', 'requires_grad', 'names', 'dtype', 'device', 'shape', 'layout', 'is_leaf', 'retain_grad', 'T', '_backward_hooks', '_grad_fn'}
@@ -112,8 +114,8 @@ class ExportCheck:
         seen,todo = set(),[(self.tree.root, None, None, 0)]
         while todo:
             node,owner,attr,depth = todo.pop()
-            if isinstance(node, _PLAIN): continue
-            key = (id(node), owner if isinstance(node, (Container, Global)) else None, attr if isinstance(node, (Container, Global)) else None)
+            if type(node) in _PLAIN_TYPES: continue
+            key = (id(node), owner, attr) if type(node) is Container or type(node) is Global else id(node)  # what a container or global may be depends on where it is held
             if key in seen: continue
             seen.add(key)
             if depth > _DEPTH: self.refuse(f"values nested deeper than {_DEPTH}", node); break
@@ -124,6 +126,7 @@ class ExportCheck:
         "Check one node held at `owner.attr`; what it holds, each with where"
         t = self.type_of(node)
         self.checked.add(id(node))
+        if type(node) is Call and not (node.args.items or node.states or node.items or node.pairs) and _empty_call(self.type_of(node.func)): return []  # a module's empty hooks (`OrderedDict()`): nothing more to check
         if isinstance(node, Global): self.reference(node, t, owner, attr); return []
         if isinstance(node, Container):
             if node.kind == 'dict': return [(x, owner, attr) for kv in node.items for x in kv]
@@ -136,8 +139,8 @@ class ExportCheck:
     # --- what a node would be
     def type_of(self, node, depth=0):
         "The `_Typed` of `node`, decided once"
-        if isinstance(node, _PLAIN): return _Typed(type(node))
         if (t := self.typed.get(id(node))) is not None: return t
+        if isinstance(node, _PLAIN): return _PLAIN_TYPED.get(type(node)) or _Typed(type(node))
         if depth > 64: self.refuse("calls nested deeper than 64", node); return _Typed('refused')
         if isinstance(node, Global): t = self.global_(node)
         elif isinstance(node, Container): t = _Typed(node.kind)
@@ -293,7 +296,7 @@ class ExportCheck:
         "Does the value `v` of `name.k` fit `what`? A refusal noted where it does not; True where its parts are to be checked too"
         t = self.type_of(v)
         if t.what == 'refused': return True  # said where it is made
-        if all(w in _PLAIN_WORDS for w in what.split('|')): ok = any(type(v) in _PLAIN_WORDS[w] for w in what.split('|'))
+        if (plain := _plain_kinds(what)) is not None: ok = type(v) in plain
         else: ok = _FITS.get(what.split(':')[0], _fits_value)(self, v, t, what)
         if ok is False: self.refuse(f"a {name}.{k} holds {_said(t, v)}: its kind holds {_KIND_WORDS.get(what, what)} there", node)
         elif isinstance(ok, str): self.refuse(f"a {name}.{k} holds {ok}", node)
@@ -429,9 +432,7 @@ class ExportCheck:
     def arguments(self, node, f, t):
         "A constructor's arguments, each of the type its policy line names; a state, items or pairs only where it takes them"
         e,args,held = f.entry,node.args.items,[]
-        words = list(e.args)
-        rest = words.pop()[:-1] if words and words[-1].endswith('*') else None
-        need = sum(not w.endswith('?') for w in words)
+        words,rest,need = _arg_words(e.args)
         if len(args) < need or rest is None and len(args) > len(words):
             self.refuse(f"it would call {f.full} with {len(args)} arguments: it takes {' '.join(e.args) or 'none'}", node)
             return [(a, None, None) for a in args if not isinstance(a, _PLAIN)]  # each said too
@@ -631,6 +632,23 @@ def _arg_fits(check, a, word):
     return isinstance(t.what, type) and any(full_name(k) == word for k in t.what.__mro__) or t.what == word
 
 _PLAIN_WORDS = {'str': (str,), 'int': (int,), 'float': (float,), 'bool': (bool,), 'none': (type(None),), 'bytes': (bytes,), 'plain': _PLAIN}
+def _empty_call(f):
+    "Is `f` a constructor of plain values that takes no argument (`collections.OrderedDict`), so that its call without any is all checked?"
+    return f.what == 'constructor' and f.entry.result in _PLAIN_RESULTS and _arg_words(f.entry.args)[2] == 0
+
+@functools.lru_cache(maxsize=None)
+def _plain_kinds(what):
+    "The plain types a kind's word names ('int|none'), or None where it names more than plain values"
+    words = what.split('|')
+    return frozenset(t for w in words for t in _PLAIN_WORDS[w]) if all(w in _PLAIN_WORDS for w in words) else None
+
+@functools.lru_cache(maxsize=None)
+def _arg_words(args):
+    "A policy line's argument words: (the words of its arguments, that of any more (`ints*`) or None, how many it needs)"
+    words = list(args)
+    rest = words.pop()[:-1] if words and words[-1].endswith('*') else None
+    return words,rest,sum(not w.endswith('?') for w in words)
+
 _RESULTS = {'tensor': torch.Tensor, 'parameter': torch.nn.Parameter, 'set': set, 'frozenset': frozenset, 'bytes': bytes, 'bytearray': bytearray,
             'slice': slice, 'dtype': np.dtype, 'scalar': np.generic, 'ndarray': np.ndarray, 'iterator': 'iterator', 'flag': 'flag',
             'annotation': 'class', 'cell': 'cell', 'carried-class': 'carried-class', 'block': 'block'}
@@ -751,26 +769,27 @@ class ExportBuild:
         "Every node the root reaches, made (what it is made of first; what an object holds before its state is set), then the root. An object whose state holds what is not made yet (a callback holding a method bound to itself) is given its state once all is made"
         root = self.c.tree.root
         todo,making,later = [(root, 0, True)],set(),[]
-        built = self.built
+        built,checked = self.built,self.c.checked
         while todo:
-            node,phase,needed = todo.pop()
-            if phase == 0 and (isinstance(node, _PLAIN) or id(node) in built): continue
-            if phase == 0 and isinstance(node, Container) and node.kind == 'tuple' and all(type(x) in _PLAIN_TYPES or id(x) in built for x in node.items):
-                built[id(node)] = tuple(x if type(x) in _PLAIN_TYPES else built[id(x)] for x in node.items); continue  # the commonest: a tuple of what is made already
-            if phase == 0 and type(node) is Call and not (node.states or node.items or node.pairs) and id(node.args) in built and id(node) in self.c.checked:
-                if (made := self.plain_call(node)) is not _NOT: built[id(node)] = made; continue  # a module's empty hooks: made at once
+            node,phase,extra = todo.pop()  # `extra`: at phase 0, whether `node` is needed to make what holds it; at 2, what it holds
             if phase == 0:
+                if type(node) in _PLAIN_TYPES or id(node) in built: continue
+                if type(node) is Container and node.kind == 'tuple' and all(type(x) in _PLAIN_TYPES or id(x) in built for x in node.items):
+                    built[id(node)] = tuple(x if type(x) in _PLAIN_TYPES else built[id(x)] for x in node.items); continue  # the commonest: a tuple of what is made already
+                if type(node) is Call and not (node.states or node.items or node.pairs) and id(node) in checked and all(type(x) in _PLAIN_TYPES or id(x) in built for x in node.args.items):
+                    if (made := self.plain_call(node)) is not _NOT: built[id(node)] = made; continue  # a module's empty hooks: made at once
                 if id(node) in making:
-                    if needed: raise UnsafeExportError(f"{self.c.where}: {_what(node)} is among its own arguments (at byte {node.at})")
+                    if extra: raise UnsafeExportError(f"{self.c.where}: {_what(node)} is among its own arguments (at byte {node.at})")
                     continue  # held in a state: made when its turn comes, the state set later
                 making.add(id(node))
-                todo.append((node, 1, True))
+                todo.append((node, 1, None))
                 todo += [(x, 0, True) for x in reversed(self.needs(node))]
             elif phase == 1:
                 built[id(node)] = self.make(node)
-                todo.append((node, 2, True))
-                todo += [(x, 0, False) for x in reversed(self.holds(node))]
-            elif all(type(x) in _PLAIN_TYPES or id(x) in built for x in self.holds(node)): self.fill(node)
+                held = self.holds(node)
+                todo.append((node, 2, held))
+                todo += [(x, 0, False) for x in reversed(held)]
+            elif all(type(x) in _PLAIN_TYPES or id(x) in built for x in extra): self.fill(node)
             else: later.append(node)
         for node in later: self.fill(node)
         for m in self.modules: self.own_hook_ids(m)
@@ -791,7 +810,7 @@ class ExportBuild:
         "What a constructor of plain values makes of arguments made already (`OrderedDict()`, `set([...])`), or `_NOT` where the call is no such one"
         f = self.c.typed.get(id(node.func))
         if f is None or f.what != 'constructor' or f.full in _BUILDERS or f.entry.result not in _PLAIN_RESULTS: return _NOT
-        return f.obj(*self.built[id(node.args)])
+        return f.obj(*(x if type(x) in _PLAIN_TYPES else self.built[id(x)] for x in node.args.items))
 
     def needs(self, node):
         "What must be made before `node` is"
@@ -941,7 +960,6 @@ def _calls_getattr(node):
     return isinstance(node.func, Global) and node.func.full == 'builtins.getattr' and node.args.items and isinstance(node.args.items[0], Made)
 
 _NOT = object()
-_PLAIN_RESULTS = frozenset({'collections.OrderedDict', 'set', 'frozenset', 'slice', 'torch.Size', 'torch.device', 'pathlib.PosixPath', 'collections.Counter'})
 
 def _dropped(check, node, k):
     "Is `k` an attribute of `node`'s state its kind leaves out (rebuilt by the load)?"
@@ -1060,11 +1078,12 @@ def _allowed(allow):
     if bad: raise ValueError(f"allow={list(allow)!r}: {bad[0]!r} is no class or function (`allow` takes the objects themselves, which pickle names by module and qualified name)")
     return {(o.__module__, o.__qualname__): o for o in allow}
 
-def check_tree(tree, allow=(), places=(), where='the file', source=None, policy=None):
+def check_tree(tree, allow=(), places=(), where='the file', source=None, policy=None,
+               reach=True): # walk what the build would make (a load leaves it to the build, which refuses the same at the same object)
     "The default load's check of a pickle read as data (once `POLICY_RULE`'s libraries are imported): the `ExportCheck`, or an `UnsafeExportError` saying everything it refuses"
     POLICY_RULE.import_libraries()
     c = ExportCheck(tree, policy, _allowed(allow), places, where).check()
-    if not c.refused:  # what the build would make, each checked: the build's own walk, made nowhere
+    if reach and not c.refused:  # what the build would make, each checked: the build's own walk, made nowhere
         for node in ExportBuild(c).unchecked(): c.refuse(f"{_what(node)}, which the check did not reach, would be built", node)
     if c.refused: raise UnsafeExportError(refusal_message(c.refused, source, c.standing.items()))
     return c
@@ -1077,8 +1096,9 @@ class ExportPickle:
     def __init__(self, allow=(), # classes and functions admitted beside the policy
                  policy=None, # {(module, name): `Admitted`} (default: `export_policy()`)
                  source=None, # the file, for messages
-                 places=()): # where a loaded Learner's callbacks may write besides its folder
-        self.allow,self.policy,self.source,self.places = tuple(allow),policy,source,tuple(places)
+                 places=(), # where a loaded Learner's callbacks may write besides its folder
+                 storages=None): # an `ArchiveStorages` of the file torch reads, or torch's own reading
+        self.allow,self.policy,self.source,self.places,self.storages = tuple(allow),policy,source,tuple(places),storages
         _allowed(self.allow)
         load = self.load_pickle
         class Unpickler:
@@ -1093,11 +1113,98 @@ class ExportPickle:
         with _collector_held():
             tree = read_pickle(data, str(self.source or 'the file'))
             if file.seekable(): file.seek(start + tree.end)
-            c = check_tree(tree, self.allow, self.places, str(self.source or 'the file'), self.source, self.policy)
-            return ExportBuild(c, persistent_load).build()
+            c = check_tree(tree, self.allow, self.places, str(self.source or 'the file'), self.source, self.policy, reach=False)
+            reads = self.storages is not None and self.storages.ok
+            return ExportBuild(c, self.storages.persistent_load if reads else persistent_load).build()
 
     def load(self, file, **kwargs): return self.load_pickle(file)
     def loads(self, data, **kwargs): return self.load(io.BytesIO(data))
+
+# %% ../nbs/15_safe_unpickle.ipynb #27e26e09
+def _storage_records(f):
+    "({key: (offset, size)} of the storages of the archive open at `f`, its byte order or None); None where it is not laid out as `torch.save` lays it out"
+    try:
+        z = zipfile.ZipFile(f)
+        infos,end = z.infolist(),os.fstat(f.fileno()).st_size
+        names = [i.filename for i in infos]
+        prefix = names[0].split('/')[0] + '/' if names else ''
+        byteorder = z.read(prefix + 'byteorder').decode() if prefix + 'byteorder' in names else None
+    except (OSError, ValueError, UnicodeDecodeError, zipfile.BadZipFile, KeyError): return None
+    records = {}
+    for i in infos:
+        key = i.filename[len(prefix) + 5:]
+        if not i.filename.startswith(prefix + 'data/') or not key or '/' in key: continue
+        head = os.pread(f.fileno(), 30, i.header_offset)
+        if i.compress_type != zipfile.ZIP_STORED or i.compress_size != i.file_size or len(head) < 30 or head[:4] != b'PK\x03\x04': return None
+        records[key] = (i.header_offset + 30 + sum(struct.unpack('<HH', head[26:30])), i.file_size)
+    spans = sorted(records.values())
+    if any(a + n > b for (a,n),(b,_) in zip(spans, spans[1:])) or spans and spans[-1][0] + spans[-1][1] > end: return None
+    return records,byteorder
+
+def _parts(records, buffers, size):
+    "The copy's parts, in the file's order: (where it starts, the buffers `os.preadv` fills (a few bytes of zip headers between two storages), the keys of its storages, its event), each of about `size` bytes, of records at most 64 KiB apart"
+    parts,pos = [],None
+    for at,n,key in sorted((a, n, k) for k,(a,n) in records.items()):
+        if not parts or at - pos > 65536 or pos - parts[-1][0] >= size or len(parts[-1][1]) >= 1000:
+            parts.append((at, [], [], threading.Event())); pos = at
+        if at > pos: parts[-1][1].append(bytearray(at - pos))
+        if n: parts[-1][1].append(memoryview(buffers[key].numpy()))
+        parts[-1][2].append(key); pos = at + n
+    return parts
+
+class ArchiveStorages:
+    "The storages of an export `torch.save` wrote, copied from the file in a thread while the load reads and checks its pickle, a few MiB at a time in the file's order; `persistent_load` hands each over as torch's loader does, once its part is copied. `file` is what `torch.load` is to read: the same open file"
+    def __init__(self, file, # the export: a path (bytes or a file object: torch reads them, and `ok` is False)
+                 map_location='cpu', # as for `torch.load`
+                 part=32 << 20): # bytes copied at a time: the build takes the first storages while the last are read
+        self.map_location,self.loaded,self.buffers,self.error,self.thread,self.file = map_location,{},{},None,None,file
+        if not isinstance(file, (str, os.PathLike)): self.ok = False; return
+        self.file = open(file, 'rb')
+        plan = _storage_records(self.file)
+        self.file.seek(0)
+        self.ok = plan is not None
+        if not self.ok: self.file.close(); self.file = file; return
+        records,self.byteorder = plan
+        self.buffers = {k: torch.empty(n, dtype=torch.uint8) for k,(_,n) in records.items()}
+        self.parts,self.part_of = _parts(records, self.buffers, part),{}
+        for p in self.parts: self.part_of.update(dict.fromkeys(p[2], p[3]))
+        self.thread = threading.Thread(target=self.copy, daemon=True, name='ddp_safe_fastai storages')
+        self.thread.start()
+
+    def copy(self):
+        "Each part's bytes from the file with one `os.preadv`, which lets go of the GIL; each part's event set once it is copied (or the copy failed)"
+        try:
+            for start,views,_,done in self.parts:
+                if os.preadv(self.file.fileno(), views, start) != sum(len(v) for v in views): raise UnsafeExportError(f"{self.file.name} ended before its storages")
+                done.set()
+        except Exception as e: self.error = e
+        finally:
+            for *_,done in self.parts: done.set()
+
+    def persistent_load(self, saved_id):
+        "The storage a persistent id ('storage', its type, key, place, size) names, as torch's loader gives it: its size checked against its record, moved by `map_location`"
+        typename,storage_type,key,location,numel = saved_id
+        if key in self.loaded: return self.loaded[key]
+        if typename != 'storage' or key not in self.buffers: raise UnsafeExportError(f"{self.file.name}: a storage {key!r} its archive does not hold")
+        self.part_of[key].wait()
+        if self.error is not None: raise self.error
+        dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type.dtype
+        buffer = self.buffers.pop(key)
+        if buffer.numel() != numel * torch._utils._element_size(dtype):
+            raise UnsafeExportError(f"{self.file.name}: a storage {key!r} of {buffer.numel()} bytes, which its id says holds {numel} elements of {dtype}")
+        storage = buffer.untyped_storage()
+        if self.byteorder not in (None, sys.byteorder): storage.byteswap(dtype)
+        self.loaded[key] = torch.storage.TypedStorage(wrap_storage=torch.serialization._get_restore_location(self.map_location)(storage, location), dtype=dtype, _internal=True)
+        return self.loaded[key]
+
+    def close(self, file=True):
+        "The copy waited for (its error raised), and with `file` the file this opened closed"
+        if self.thread is not None: self.thread.join(); self.thread = None
+        if file and self.ok: self.file.close()
+        if self.error is not None: raise self.error
+
+    def __enter__(self): return self
+    def __exit__(self, *exc): self.close()
 
 # %% ../nbs/15_safe_unpickle.ipynb #d3704ec3
 def pickle_module_for(what, # the load, for the error: `load_learner`

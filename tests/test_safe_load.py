@@ -1,7 +1,7 @@
 """`safe_unpickle` (nbs/15_safe_unpickle.ipynb) and `load_learner`'s default (nbs/41_learner.ipynb): real exports of the
 five applications load and predict what their exporter predicted; malicious exports are refused, naming their global,
 and their payloads never run"""
-import io, os, re, sys, json, types, shutil, pickle, subprocess, operator, importlib, collections
+import io, os, re, sys, json, types, shutil, pickle, zipfile, subprocess, operator, importlib, collections
 from pathlib import Path
 import pytest, torch, cloudpickle
 from fasttransform.transform import Transform
@@ -645,3 +645,49 @@ def test_nesting_and_counts_bounded_by_the_file():
     many = b'\x80\x02(' + b']' * 1_000_001 + b'l.'
     with pytest.raises(UnsafeExportError, match='more than 1000000 objects'): ExportPickle().loads(many)
     assert ExportPickle().loads(b'\x80\x02' + b']' * 50 + b'a' * 49 + b'.') is not None  # fifty deep: as an export nests
+
+def zip_of(path, records, aliases=(), method=0):
+    "A zip of `records` [(name, bytes)], each stored (or deflated: `method` 8) after its local header, as torch lays an archive out; `aliases` [(name, name of a record)] more names in its directory for a record's same bytes"
+    import zlib, struct
+    out,directory,at = bytearray(),[],{}
+    for name,data in records:
+        c = zlib.compressobj(9, zlib.DEFLATED, -15)
+        raw = c.compress(data) + c.flush() if method else data
+        crc,n = zlib.crc32(data),name.encode()
+        at[name] = (len(out), crc, len(raw), len(data))
+        out += struct.pack('<4s5H3I2H', b'PK\x03\x04', 20, 0, method, 0, 0, crc, len(raw), len(data), len(n), 0) + n + raw
+    for name,target in [(n, n) for n,_ in records] + list(aliases):
+        offset,crc,size,usize = at[target]
+        n = name.encode()
+        directory.append(struct.pack('<4s6H3I5H2I', b'PK\x01\x02', 20, 20, 0, method, 0, 0, crc, size, usize, len(n), 0, 0, 0, 0, 0, offset) + n)
+    cd = b''.join(directory)
+    Path(path).write_bytes(bytes(out) + cd + struct.pack('<4s4H2IH', b'PK\x05\x06', 0, 0, len(directory), len(directory), len(cd), len(out), 0))
+    return path
+
+def test_storages_copied_beside_the_check(learner, tmp_path):
+    "The default load copies an archive's storages in a thread while it checks the pickle (`ArchiveStorages`): the weights are torch's own; only an archive laid out as torch writes it is read so (a record named twice over the same bytes, past the file's end, or deflated: torch reads it), and a storage of another size than its id says is refused as torch refuses it"
+    from ddp_safe_fastai.safe_unpickle import ArchiveStorages, ExportPickle
+    learner.export(tmp_path/'export.pkl')
+    assert ArchiveStorages(tmp_path/'export.pkl').ok
+    ours,fastais = load_learner(tmp_path/'export.pkl'),load_learner(tmp_path/'export.pkl', trust=True)
+    assert all(torch.equal(a, b) for a,b in zip(ours.model.state_dict().values(), fastais.model.state_dict().values()))
+    w = torch.arange(6.).view(2, 3)
+    torch.save({'w': w, 'v': w[1]}, tmp_path/'x.pt')
+    with zipfile.ZipFile(tmp_path/'x.pt') as z: records = [(i.filename, z.read(i)) for i in z.infolist()]
+    data = next(n for n,_ in records if n.endswith('/data/0'))
+    def load(f):
+        with ArchiveStorages(f) as s: return s.ok,torch.load(s.file, weights_only=False, pickle_module=ExportPickle(storages=s))
+    ok,x = load(zip_of(tmp_path/'same.pt', records))
+    assert ok and torch.equal(x['w'], w) and x['v'].untyped_storage().data_ptr() == x['w'].untyped_storage().data_ptr()  # one storage, two views
+    many = zip_of(tmp_path/'many.pt', records, [(data[:-1] + str(k), data) for k in range(1, 1000)])  # a thousand names for one storage's bytes
+    assert not ArchiveStorages(many).ok and torch.equal(load(many)[1]['w'], w)
+    past = bytearray(zip_of(tmp_path/'past.pt', records).read_bytes())
+    i = past.rindex(data.encode()) - 46  # its directory's entry: sizes at 20 and 24
+    past[i + 20:i + 28] = (1 << 31).to_bytes(4, 'little') * 2
+    (tmp_path/'past.pt').write_bytes(past)
+    assert not ArchiveStorages(tmp_path/'past.pt').ok  # never allocated: torch says what is wrong
+    deflated = zip_of(tmp_path/'deflated.pt', records, method=8)
+    assert not ArchiveStorages(deflated).ok and torch.equal(load(deflated)[1]['w'], w)
+    longer = zip_of(tmp_path/'longer.pt', [(n, d + bytes(8) if n == data else d) for n,d in records])
+    with pytest.raises(RuntimeError, match='does not match expected size'): torch.load(longer, weights_only=False)
+    with pytest.raises(UnsafeExportError, match="a storage '0' of 32 bytes, which its id says holds 6 elements"): load(longer)
