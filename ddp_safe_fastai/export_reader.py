@@ -163,7 +163,32 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
         if op == 0x89: stack.append(False); continue  # NEWFALSE
         name = _NAMES.get(op)
         if name is None: _refuse(f"the opcode {op:#04x}, which is not pickle's", at, where)
-        if name == 'PROTO':
+        # the commonest of the rest first (an export's calls, ints, tuples, states, storages)
+        if name == 'REDUCE':
+            func,args = pop(2)
+            if not (isinstance(args, Container) and args.kind == 'tuple'): _refuse(f"REDUCE with arguments that are {_what(args)}, not a tuple", at, where)
+            stack.append(Call(func, args, at))
+        elif name == 'LONG1': stack.append(int.from_bytes(take(take(1)[0]), 'little', signed=True))
+        elif name == 'BININT': stack.append(unpack('<i', take(4))[0])
+        elif name == 'TUPLE': stack.append(Container('tuple', pop_mark(), at))
+        elif name == 'SETITEMS':
+            items = pop_mark(); target = made(pop()[0]); stack.append(target)
+            if len(items) % 2: _refuse("SETITEMS with a key without its value", at, where)
+            (target.items if isinstance(target, Container) else target.pairs).extend(zip(items[::2], items[1::2]))
+        elif name == 'BININT2': stack.append(unpack('<H', take(2))[0])
+        elif name == 'BUILD':
+            state, = pop(); target = stack[-1] if stack and not (marks and marks[-1] == len(stack)) else _refuse("BUILD without an object", at, where)
+            if not isinstance(target, Made): _refuse(f"BUILD on {_what(target)}: only an object the file makes takes a state", at, where)
+            target.states.append(state)
+        elif name in ('PERSID', 'BINPERSID'):
+            if name == 'PERSID': raw,pos = _line(data, pos, where); pid = raw.decode('ascii', 'replace')
+            else: pid, = pop()
+            stack.append(PersistentId(pid, at))
+        elif name == 'NEWOBJ':
+            cls,args = pop(2)
+            if not (isinstance(args, Container) and args.kind == 'tuple'): _refuse("NEWOBJ with arguments that are not a tuple", at, where)
+            stack.append(New(cls, args, at))
+        elif name == 'PROTO':
             proto = take(1)[0]
             if proto > 5: _refuse("a protocol above 5", at, where)
         elif name == 'FRAME': take(8)
@@ -182,10 +207,7 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
         elif name == 'NONE': stack.append(None)
         elif name == 'NEWTRUE': stack.append(True)
         elif name == 'NEWFALSE': stack.append(False)
-        elif name == 'BININT': stack.append(unpack('<i', take(4))[0])
         elif name == 'BININT1': stack.append(take(1)[0])
-        elif name == 'BININT2': stack.append(unpack('<H', take(2))[0])
-        elif name == 'LONG1': stack.append(int.from_bytes(take(take(1)[0]), 'little', signed=True))
         elif name == 'LONG4': stack.append(int.from_bytes(take(unpack('<i', take(4))[0]), 'little', signed=True))
         elif name == 'BINFLOAT': stack.append(unpack('>d', take(8))[0])
         elif name in ('INT', 'LONG', 'FLOAT'):
@@ -215,7 +237,6 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
         # --- containers
         elif name == 'EMPTY_TUPLE': stack.append(Container('tuple', [], at))
         elif name in ('TUPLE1', 'TUPLE2', 'TUPLE3'): stack.append(Container('tuple', pop(int(name[-1])), at))
-        elif name == 'TUPLE': stack.append(Container('tuple', pop_mark(), at))
         elif name == 'EMPTY_LIST': stack.append(Container('list', [], at))
         elif name == 'LIST': stack.append(Container('list', pop_mark(), at))
         elif name == 'EMPTY_DICT': stack.append(Container('dict', [], at))
@@ -234,10 +255,6 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
         elif name == 'SETITEM':
             k,v = pop(2); target = made(pop()[0]); stack.append(target)
             (target.items if isinstance(target, Container) else target.pairs).append((k, v))
-        elif name == 'SETITEMS':
-            items = pop_mark(); target = made(pop()[0]); stack.append(target)
-            if len(items) % 2: _refuse("SETITEMS with a key without its value", at, where)
-            (target.items if isinstance(target, Container) else target.pairs).extend(zip(items[::2], items[1::2]))
         # --- the memo
         elif name in ('PUT', 'BINPUT', 'LONG_BINPUT', 'MEMOIZE'):
             if name == 'PUT':
@@ -271,27 +288,11 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
             items = pop_mark()
             if not items: _refuse("OBJ without its class", at, where)
             stack.append(Call(items[0], Container('tuple', items[1:], at), at))
-        elif name == 'REDUCE':
-            func,args = pop(2)
-            if not (isinstance(args, Container) and args.kind == 'tuple'): _refuse(f"REDUCE with arguments that are {_what(args)}, not a tuple", at, where)
-            stack.append(Call(func, args, at))
-        elif name == 'NEWOBJ':
-            cls,args = pop(2)
-            if not (isinstance(args, Container) and args.kind == 'tuple'): _refuse("NEWOBJ with arguments that are not a tuple", at, where)
-            stack.append(New(cls, args, at))
         elif name == 'NEWOBJ_EX':
             cls,args,kwargs = pop(3)
             if not (isinstance(args, Container) and args.kind == 'tuple' and isinstance(kwargs, Container) and kwargs.kind == 'dict'):
                 _refuse("NEWOBJ_EX with arguments that are not a tuple and a dict", at, where)
             stack.append(New(cls, args, at, kwargs))
-        elif name == 'BUILD':
-            state, = pop(); target = stack[-1] if stack and not (marks and marks[-1] == len(stack)) else _refuse("BUILD without an object", at, where)
-            if not isinstance(target, Made): _refuse(f"BUILD on {_what(target)}: only an object the file makes takes a state", at, where)
-            target.states.append(state)
-        elif name in ('PERSID', 'BINPERSID'):
-            if name == 'PERSID': raw,pos = _line(data, pos, where); pid = raw.decode('ascii', 'replace')
-            else: pid, = pop()
-            stack.append(PersistentId(pid, at))
         elif name in ('EXT1', 'EXT2', 'EXT4'): _refuse("an extension code (copyreg's registry, which this process keeps, not the file)", at, where)
         else: _refuse(f"{name} (an out-of-band buffer, which an export does not hold)", at, where)
 

@@ -770,6 +770,8 @@ class ExportBuild:
         root = self.c.tree.root
         todo,making,later = [(root, 0, True)],set(),[]
         built,checked = self.built,self.c.checked
+        for g in self.c.tree.globals:  # what each global names, the check's
+            if (t := self.c.typed.get(id(g))) is not None: built[id(g)] = t.obj
         while todo:
             node,phase,extra = todo.pop()  # `extra`: at phase 0, whether `node` is needed to make what holds it; at 2, what it holds
             if phase == 0:
@@ -787,6 +789,7 @@ class ExportBuild:
             elif phase == 1:
                 built[id(node)] = self.make(node)
                 held = self.holds(node)
+                if all(type(x) in _PLAIN_TYPES or id(x) in built for x in held): self.fill(node); continue  # all it holds made already
                 todo.append((node, 2, held))
                 todo += [(x, 0, False) for x in reversed(held)]
             elif all(type(x) in _PLAIN_TYPES or id(x) in built for x in extra): self.fill(node)
@@ -1114,13 +1117,15 @@ class ExportPickle:
             tree = read_pickle(data, str(self.source or 'the file'))
             if file.seekable(): file.seek(start + tree.end)
             c = check_tree(tree, self.allow, self.places, str(self.source or 'the file'), self.source, self.policy, reach=False)
-            reads = self.storages is not None and self.storages.ok
-            return ExportBuild(c, self.storages.persistent_load if reads else persistent_load).build()
+            if self.storages is None or not self.storages.ok: return ExportBuild(c, persistent_load).build()
+            built = ExportBuild(c, self.storages.persistent_load).build()
+            self.storages.wait()  # the tensors built hold their bytes
+            return built
 
     def load(self, file, **kwargs): return self.load_pickle(file)
     def loads(self, data, **kwargs): return self.load(io.BytesIO(data))
 
-# %% ../nbs/15_safe_unpickle.ipynb #27e26e09
+# %% ../nbs/15_safe_unpickle.ipynb #cdd0c9e8
 def _storage_records(f):
     "({key: (offset, size)} of the storages of the archive open at `f`, its byte order or None); None where it is not laid out as `torch.save` lays it out"
     try:
@@ -1141,23 +1146,21 @@ def _storage_records(f):
     if any(a + n > b for (a,n),(b,_) in zip(spans, spans[1:])) or spans and spans[-1][0] + spans[-1][1] > end: return None
     return records,byteorder
 
-def _parts(records, buffers, size):
-    "The copy's parts, in the file's order: (where it starts, the buffers `os.preadv` fills (a few bytes of zip headers between two storages), the keys of its storages, its event), each of about `size` bytes, of records at most 64 KiB apart"
+def _parts(records, buffers):
+    "The copy's parts, in the file's order: (where it starts, the buffers one `os.preadv` fills), records at most 64 KiB apart (between two storages, a few bytes of zip headers fill a buffer of their own)"
     parts,pos = [],None
     for at,n,key in sorted((a, n, k) for k,(a,n) in records.items()):
-        if not parts or at - pos > 65536 or pos - parts[-1][0] >= size or len(parts[-1][1]) >= 1000:
-            parts.append((at, [], [], threading.Event())); pos = at
+        if not parts or at - pos > 65536 or len(parts[-1][1]) >= 1000: parts.append((at, [])); pos = at
         if at > pos: parts[-1][1].append(bytearray(at - pos))
         if n: parts[-1][1].append(memoryview(buffers[key].numpy()))
-        parts[-1][2].append(key); pos = at + n
+        pos = at + n
     return parts
 
 class ArchiveStorages:
-    "The storages of an export `torch.save` wrote, copied from the file in a thread while the load reads and checks its pickle, a few MiB at a time in the file's order; `persistent_load` hands each over as torch's loader does, once its part is copied. `file` is what `torch.load` is to read: the same open file"
+    "The storages of an export `torch.save` wrote, copied from the file in a thread while the load reads, checks and builds its pickle; `persistent_load` hands each over as torch's loader does, its bytes arriving while the build goes on (`wait` before the load returns). `file` is what `torch.load` is to read: the same open file"
     def __init__(self, file, # the export: a path (bytes or a file object: torch reads them, and `ok` is False)
-                 map_location='cpu', # as for `torch.load`
-                 part=32 << 20): # bytes copied at a time: the build takes the first storages while the last are read
-        self.map_location,self.loaded,self.buffers,self.error,self.thread,self.file = map_location,{},{},None,None,file
+                 map_location='cpu'): # as for `torch.load`
+        self.map_location,self.loaded,self.buffers,self.error,self.thread,self.file,self.copied = map_location,{},{},None,None,file,False
         if not isinstance(file, (str, os.PathLike)): self.ok = False; return
         self.file = open(file, 'rb')
         plan = _storage_records(self.file)
@@ -1166,42 +1169,43 @@ class ArchiveStorages:
         if not self.ok: self.file.close(); self.file = file; return
         records,self.byteorder = plan
         self.buffers = {k: torch.empty(n, dtype=torch.uint8) for k,(_,n) in records.items()}
-        self.parts,self.part_of = _parts(records, self.buffers, part),{}
-        for p in self.parts: self.part_of.update(dict.fromkeys(p[2], p[3]))
-        self.thread = threading.Thread(target=self.copy, daemon=True, name='ddp_safe_fastai storages')
+        self.thread = threading.Thread(target=self.copy, args=(_parts(records, self.buffers),), daemon=True, name='ddp_safe_fastai storages')
         self.thread.start()
 
-    def copy(self):
-        "Each part's bytes from the file with one `os.preadv`, which lets go of the GIL; each part's event set once it is copied (or the copy failed)"
+    def copy(self, parts):
+        "Each part's bytes from the file with one `os.preadv`, which lets go of the GIL"
         try:
-            for start,views,_,done in self.parts:
+            for start,views in parts:
                 if os.preadv(self.file.fileno(), views, start) != sum(len(v) for v in views): raise UnsafeExportError(f"{self.file.name} ended before its storages")
-                done.set()
+            self.copied = True
         except Exception as e: self.error = e
-        finally:
-            for *_,done in self.parts: done.set()
 
     def persistent_load(self, saved_id):
-        "The storage a persistent id ('storage', its type, key, place, size) names, as torch's loader gives it: its size checked against its record, moved by `map_location`"
+        "The storage a persistent id ('storage', its type, key, place, size) names, as torch's loader gives it: its size checked against its record; where it is to be swapped or moved (`map_location`), once its bytes are there"
         typename,storage_type,key,location,numel = saved_id
         if key in self.loaded: return self.loaded[key]
         if typename != 'storage' or key not in self.buffers: raise UnsafeExportError(f"{self.file.name}: a storage {key!r} its archive does not hold")
-        self.part_of[key].wait()
-        if self.error is not None: raise self.error
         dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type.dtype
         buffer = self.buffers.pop(key)
         if buffer.numel() != numel * torch._utils._element_size(dtype):
             raise UnsafeExportError(f"{self.file.name}: a storage {key!r} of {buffer.numel()} bytes, which its id says holds {numel} elements of {dtype}")
         storage = buffer.untyped_storage()
+        if self.byteorder not in (None, sys.byteorder) or str(self.map_location) != 'cpu': self.wait()
         if self.byteorder not in (None, sys.byteorder): storage.byteswap(dtype)
         self.loaded[key] = torch.storage.TypedStorage(wrap_storage=torch.serialization._get_restore_location(self.map_location)(storage, location), dtype=dtype, _internal=True)
         return self.loaded[key]
 
-    def close(self, file=True):
-        "The copy waited for (its error raised), and with `file` the file this opened closed"
+    def wait(self):
+        "Every storage's bytes there (the copy's error raised)"
         if self.thread is not None: self.thread.join(); self.thread = None
-        if file and self.ok: self.file.close()
         if self.error is not None: raise self.error
+        if self.ok and not self.copied: raise UnsafeExportError(f"{self.file.name}: its storages were not copied")
+
+    def close(self):
+        "The copy waited for, and the file this opened closed"
+        try: self.wait()
+        finally:
+            if self.ok: self.file.close()
 
     def __enter__(self): return self
     def __exit__(self, *exc): self.close()

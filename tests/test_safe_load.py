@@ -1,7 +1,7 @@
 """`safe_unpickle` (nbs/15_safe_unpickle.ipynb) and `load_learner`'s default (nbs/41_learner.ipynb): real exports of the
 five applications load and predict what their exporter predicted; malicious exports are refused, naming their global,
 and their payloads never run"""
-import io, os, re, sys, json, types, shutil, pickle, zipfile, subprocess, operator, importlib, collections
+import io, os, re, sys, json, time, types, shutil, pickle, zipfile, subprocess, operator, importlib, collections
 from pathlib import Path
 import pytest, torch, cloudpickle
 from fasttransform.transform import Transform
@@ -664,8 +664,8 @@ def zip_of(path, records, aliases=(), method=0):
     Path(path).write_bytes(bytes(out) + cd + struct.pack('<4s4H2IH', b'PK\x05\x06', 0, 0, len(directory), len(directory), len(cd), len(out), 0))
     return path
 
-def test_storages_copied_beside_the_check(learner, tmp_path):
-    "The default load copies an archive's storages in a thread while it checks the pickle (`ArchiveStorages`): the weights are torch's own; only an archive laid out as torch writes it is read so (a record named twice over the same bytes, past the file's end, or deflated: torch reads it), and a storage of another size than its id says is refused as torch refuses it"
+def test_storages_copied_beside_the_check(learner, tmp_path, monkeypatch):
+    "The default load copies an archive's storages in a thread while it checks the pickle (`ArchiveStorages`): the weights are torch's own; only an archive laid out as torch writes it is read so (a record named twice over the same bytes, past the file's end, or deflated: torch reads it), a storage of another size than its id says is refused as torch refuses it; a copy slower than the build is waited for (a big-endian archive's storages swapped once there), one that fails or never ran is an error, never tensors of what memory held"
     from ddp_safe_fastai.safe_unpickle import ArchiveStorages, ExportPickle
     learner.export(tmp_path/'export.pkl')
     assert ArchiveStorages(tmp_path/'export.pkl').ok
@@ -691,3 +691,14 @@ def test_storages_copied_beside_the_check(learner, tmp_path):
     longer = zip_of(tmp_path/'longer.pt', [(n, d + bytes(8) if n == data else d) for n,d in records])
     with pytest.raises(RuntimeError, match='does not match expected size'): torch.load(longer, weights_only=False)
     with pytest.raises(UnsafeExportError, match="a storage '0' of 32 bytes, which its id says holds 6 elements"): load(longer)
+    copy = ArchiveStorages.copy
+    monkeypatch.setattr(ArchiveStorages, 'copy', lambda self, parts: (time.sleep(1), copy(self, parts)))  # a disk slower than the check and the build
+    with ArchiveStorages(tmp_path/'same.pt') as s:
+        x = torch.load(s.file, weights_only=False, pickle_module=ExportPickle(storages=s))
+        assert torch.equal(x['w'], w)  # every byte there when the load returns
+    big = zip_of(tmp_path/'big.pt', [(n, b'big' if n.endswith('/byteorder') else d) for n,d in records])  # swapped once copied, as torch swaps it
+    assert ArchiveStorages(big).ok and torch.equal(load(big)[1]['w'], torch.load(big, weights_only=False)['w'])
+    monkeypatch.setattr(os, 'preadv', lambda fd, views, at: 0)  # the file ends before its storages
+    with pytest.raises(UnsafeExportError, match='ended before its storages'): load(tmp_path/'same.pt')
+    monkeypatch.setattr(ArchiveStorages, 'copy', lambda self, parts: None)  # a copy that never ran: never tensors of what memory held
+    with pytest.raises(UnsafeExportError, match='its storages were not copied'): load(tmp_path/'same.pt')
