@@ -1125,7 +1125,7 @@ class ExportPickle:
     def load(self, file, **kwargs): return self.load_pickle(file)
     def loads(self, data, **kwargs): return self.load(io.BytesIO(data))
 
-# %% ../nbs/15_safe_unpickle.ipynb #cdd0c9e8
+# %% ../nbs/15_safe_unpickle.ipynb #d79d3b97
 def _storage_records(f):
     "({key: (offset, size)} of the storages of the archive open at `f`, its byte order or None); None where it is not laid out as `torch.save` lays it out"
     try:
@@ -1161,7 +1161,7 @@ class ArchiveStorages:
     def __init__(self, file, # the export: a path (bytes or a file object: torch reads them, and `ok` is False)
                  map_location='cpu'): # as for `torch.load`
         self.map_location,self.loaded,self.buffers,self.error,self.thread,self.file,self.copied = map_location,{},{},None,None,file,False
-        if not isinstance(file, (str, os.PathLike)): self.ok = False; return
+        if not isinstance(file, (str, os.PathLike)) or not hasattr(os, 'preadv'): self.ok = False; return  # Windows has no `preadv`: torch reads
         self.file = open(file, 'rb')
         plan = _storage_records(self.file)
         self.file.seek(0)
