@@ -11,7 +11,7 @@ from .errors import UnsafeExportError
 
 # %% auto #0
 __all__ = ['Node', 'Global', 'Made', 'Call', 'New', 'Container', 'PersistentId', 'Limits', 'PickleTree', 'read_pickle',
-           'ExportData', 'export_format', 'read_export']
+           'ExportData', 'storage_sizes', 'export_format', 'read_export']
 
 # %% ../nbs/14b_export_reader.ipynb #bb13fa3c
 class Node:
@@ -322,10 +322,20 @@ _LEGACY_MAGIC = 0x1950a86a20f9469cfc6c  # torch.serialization's MAGIC_NUMBER
 
 @dataclass
 class ExportData:
-    "An export read as data: its `format` ('zip' or 'legacy'), its main `tree`, and in the older format where its storages start (`storages_at`)"
+    "An export read as data: its `format` ('zip' or 'legacy'), its main `tree`, in the older format where its storages start (`storages_at`), in an archive the bytes of each storage its directory lists (`sizes`, by key)"
     format: str
     tree: PickleTree
     storages_at: int = 0
+    sizes: dict|None = None
+
+def storage_sizes(z, # an open `zipfile.ZipFile` of an archive torch wrote
+                  folder): # the archive's folder ('export/'), where its `data.pkl` is
+    "{key: bytes} of each storage the archive's directory lists (`data/<key>`), as torch's loader reads them"
+    sizes = {}
+    for i in z.infolist():
+        key = i.filename[len(folder) + 5:]
+        if i.filename.startswith(folder + 'data/') and key and '/' not in key: sizes[key] = i.file_size
+    return sizes
 
 def export_format(data): # the file's first bytes (at least 512)
     "'zip', 'legacy' (torch before 1.6), or what else the file is (a tar, not a torch file)"
@@ -345,7 +355,7 @@ def read_export(file, # a path, or a binary file
         with zipfile.ZipFile(io.BytesIO(data)) as z:
             names = [n for n in z.namelist() if n.endswith('/data.pkl') or n == 'data.pkl']
             if len(names) != 1: raise UnsafeExportError(f"{where}: a zip archive without one data.pkl, not an export torch wrote")
-            return ExportData('zip', read_pickle(z.read(names[0]), f"{where} ({names[0]})", limits=limits))
+            return ExportData('zip', read_pickle(z.read(names[0]), f"{where} ({names[0]})", limits=limits), sizes=storage_sizes(z, names[0][:-len('data.pkl')]))
     if kind == 'legacy':
         pos = 0
         for what in ('magic number', 'protocol', 'system sizes'):

@@ -8,7 +8,7 @@ import io, os, gc, sys, types, pickle, struct, weakref, zipfile, warnings, threa
 import numpy as np, torch
 from pathlib import Path, PurePath
 from .errors import UnsafeExportError
-from .export_reader import Global, Made, Call, New, Container, PersistentId, read_export, read_pickle, export_format
+from .export_reader import Global, Made, Call, New, Container, PersistentId, read_export, read_pickle, export_format, storage_sizes
 from .unpickle_policy import export_policy, POLICY_RULE, KINDS, REVIEWED_SETSTATE, REVIEWED_INIT_STATE, admitted_by, full_name, kind_of_class
 
 # %% auto #0
@@ -96,8 +96,9 @@ class ExportCheck:
                  policy=None, # {(module, name): `Admitted`} (default: `export_policy()`)
                  allowed=None, # {(module, qualified name): object} the user admits (`allow=`)
                  places=(), # where a loaded Learner's callbacks may write besides its folder: URLs or absolute paths
-                 where='the file'): # for messages
-        self.tree,self.policy,self.allowed,self.where = tree,export_policy() if policy is None else policy,allowed or {},where
+                 where='the file', # for messages
+                 sizes=None): # {key: bytes} of the archive's storages (`ExportData.sizes`): each persistent id's size checked against its record
+        self.tree,self.policy,self.allowed,self.where,self.sizes = tree,export_policy() if policy is None else policy,allowed or {},where,sizes
         self.places = tuple(str(p).rstrip('/') for p in places)
         self.typed,self.refused,self.standing,self.carried,self.tables,self.learner,self.checked = {},[],{},{},{},None,set()
         self.expanded,self.said_expanded = 0,False # the elements of views beyond their storages
@@ -148,6 +149,7 @@ class ExportCheck:
             pid = node.pid
             module_class = isinstance(pid, Container) and pid.kind == 'tuple' and len(pid.items) > 1 and pid.items[0] == 'module' and isinstance(pid.items[1], Global)
             if module_class: t = self.type_of(pid.items[1], depth + 1)
+            elif _storage_id(self, pid) and (why := _storage_size(self, pid)): self.refuse(why, node); t = _Typed('refused')
             elif _storage_id(self, pid): t = _Typed('storage')
             else: self.refuse("a persistent id that is not a storage of the archive ('storage', its type, key, place, size)", node); t = _Typed('refused')
         elif isinstance(node, New):
@@ -610,6 +612,7 @@ def _arg_fits(check, a, word):
     t = check.type_of(a)
     if word in _PLAIN_WORDS: return type(a) in _PLAIN_WORDS[word] or isinstance(a, Call) and t.what in _PLAIN_WORDS[word]  # bytes: protocol 2 writes them as a call
     if word == 'latin1': return a in ('latin1', 'latin-1')
+    if word == 'descr': return type(a) is str and _plain_descr(a)
     if word in ('items', 'pairs'):
         if not (isinstance(a, Container) and a.kind in ('list', 'tuple')): return False
         return word == 'items' or all(isinstance(x, Container) and x.kind in ('list', 'tuple') and len(x.items) == 2 for x in a.items)
@@ -630,6 +633,12 @@ def _arg_fits(check, a, word):
     if word == 'metaclass': return t.what in ('class', 'stand-in') or t.what == 'constructor' and isinstance(t.obj, type)  # the class of a class the file carries, which is never made
     if word in _RESULTS: return t.what is _RESULTS[word] or t.what == word
     return isinstance(t.what, type) and any(full_name(k) == word for k in t.what.__mro__) or t.what == word
+
+def _plain_descr(name):
+    "Is `name` the descr of a plain numpy dtype (`f8`, `<i4`, `O`): no fields, no subarray?"
+    try: d = np.dtype(name)
+    except Exception: return False  # numpy's words for a descr it does not understand vary (TypeError, ValueError)
+    return d.fields is None and d.subdtype is None
 
 _PLAIN_WORDS = {'str': (str,), 'int': (int,), 'float': (float,), 'bool': (bool,), 'none': (type(None),), 'bytes': (bytes,), 'plain': _PLAIN}
 def _empty_call(f):
@@ -666,6 +675,17 @@ def _storage_id(check, pid):
     items = pid.items if isinstance(pid, Container) and pid.kind == 'tuple' else ()
     return (len(items) in (5, 6) and items[0] == 'storage' and check.type_of(items[1]).what == 'class' and isinstance(check.type_of(items[1]).obj, type)
             and check.type_of(items[1]).obj.__name__.endswith('Storage') and isinstance(items[2], str) and isinstance(items[3], str) and type(items[4]) is int and items[4] >= 0)
+
+def _storage_size(check, pid):
+    "Why the archive's record is not the storage a persistent id says (its key, so many elements of its type), or None (where the archive's sizes are not known: torch's loader checks them)"
+    if check.sizes is None or len(pid.items) != 5: return None
+    _,kind,key,_,numel = pid.items
+    cls = check.type_of(kind).obj
+    dtype = torch.uint8 if cls is torch.UntypedStorage else getattr(cls, 'dtype', None)
+    if not isinstance(dtype, torch.dtype): return f"a storage of {full_name(cls)}, which names no dtype"
+    if key not in check.sizes: return f"a storage {key!r} its archive does not hold"
+    if check.sizes[key] != numel * torch._utils._element_size(dtype): return f"a storage {key!r} of {check.sizes[key]} bytes, which its id says holds {numel} elements of {dtype}"
+    return None
 
 def _array_fits(check, s):
     "An array's state: (version, shape, dtype, fortran order, its bytes, or for objects a list), as many bytes or items as its shape and plain dtype say"
@@ -729,7 +749,7 @@ def known_word(word):
     "Is `word` (of a policy line's arguments, `?` and `*` left off) one `_arg_fits` knows? A policy line with another is refused by the test of the policy"
     return all(w in _PLAIN_WORDS or w in _WORDS or w in _RESULTS or w.startswith('class:') or '.' in w for w in word.split('|'))
 
-_WORDS = {'latin1', 'items', 'pairs', 'ints', 'dict', 'tuple', 'list', 'value', 'storage', 'class', 'object', 'function', 'hooks', 'rebuild',
+_WORDS = {'latin1', 'descr', 'items', 'pairs', 'ints', 'dict', 'tuple', 'list', 'value', 'storage', 'class', 'object', 'function', 'hooks', 'rebuild',
           'or', 'form', 'flag', 'tensor', 'metaclass', 'code', 'carried-class', 'dtype', 'ndarray'}
 
 READ_AS_DATA = frozenset({('plum._function', 'Function'), ('plum._resolver', 'Resolver'), ('plum._method', 'MethodList'), ('plum._method', 'Method'),
@@ -1082,10 +1102,11 @@ def _allowed(allow):
     return {(o.__module__, o.__qualname__): o for o in allow}
 
 def check_tree(tree, allow=(), places=(), where='the file', source=None, policy=None,
-               reach=True): # walk what the build would make (a load leaves it to the build, which refuses the same at the same object)
+               reach=True, # walk what the build would make (a load leaves it to the build, which refuses the same at the same object)
+               sizes=None): # the archive's storages' sizes, see `ExportCheck`
     "The default load's check of a pickle read as data (once `POLICY_RULE`'s libraries are imported): the `ExportCheck`, or an `UnsafeExportError` saying everything it refuses"
     POLICY_RULE.import_libraries()
-    c = ExportCheck(tree, policy, _allowed(allow), places, where).check()
+    c = ExportCheck(tree, policy, _allowed(allow), places, where, sizes).check()
     if reach and not c.refused:  # what the build would make, each checked: the build's own walk, made nowhere
         for node in ExportBuild(c).unchecked(): c.refuse(f"{_what(node)}, which the check did not reach, would be built", node)
     if c.refused: raise UnsafeExportError(refusal_message(c.refused, source, c.standing.items()))
@@ -1116,7 +1137,8 @@ class ExportPickle:
         with _collector_held():
             tree = read_pickle(data, str(self.source or 'the file'))
             if file.seekable(): file.seek(start + tree.end)
-            c = check_tree(tree, self.allow, self.places, str(self.source or 'the file'), self.source, self.policy, reach=False)
+            c = check_tree(tree, self.allow, self.places, str(self.source or 'the file'), self.source, self.policy, reach=False,
+                           sizes=self.storages.sizes if self.storages is not None else None)
             if self.storages is None or not self.storages.ok: return ExportBuild(c, persistent_load).build()
             built = ExportBuild(c, self.storages.persistent_load).build()
             self.storages.wait()  # the tensors built hold their bytes
@@ -1125,7 +1147,7 @@ class ExportPickle:
     def load(self, file, **kwargs): return self.load_pickle(file)
     def loads(self, data, **kwargs): return self.load(io.BytesIO(data))
 
-# %% ../nbs/15_safe_unpickle.ipynb #d79d3b97
+# %% ../nbs/15_safe_unpickle.ipynb #0c96b34a
 def _storage_records(f):
     "({key: (offset, size)} of the storages of the archive open at `f`, its byte order or None); None where it is not laid out as `torch.save` lays it out"
     try:
@@ -1156,14 +1178,27 @@ def _parts(records, buffers):
         pos = at + n
     return parts
 
+def _archive_sizes(f):
+    "`storage_sizes` of the archive `f` (an open file, left where it was, or bytes) as `read_export` reads them, for the check; None where it is no archive torch wrote"
+    pos = f.tell() if hasattr(f, 'tell') else None
+    try:
+        with zipfile.ZipFile(f if pos is not None else io.BytesIO(bytes(f))) as z:
+            names = [n for n in z.namelist() if n.endswith('/data.pkl') or n == 'data.pkl']
+            return storage_sizes(z, names[0][:-len('data.pkl')]) if len(names) == 1 else None
+    except (OSError, ValueError, zipfile.BadZipFile): return None
+    finally:
+        if pos is not None: f.seek(pos)
+
 class ArchiveStorages:
-    "The storages of an export `torch.save` wrote, copied from the file in a thread while the load reads, checks and builds its pickle; `persistent_load` hands each over as torch's loader does, its bytes arriving while the build goes on (`wait` before the load returns). `file` is what `torch.load` is to read: the same open file"
+    "The storages of an export `torch.save` wrote, copied from the file in a thread while the load reads, checks and builds its pickle; `persistent_load` hands each over as torch's loader does, its bytes arriving while the build goes on (`wait` before the load returns). `file` is what `torch.load` is to read: the same open file; `sizes`, each storage's bytes, for the check"
     def __init__(self, file, # the export: a path (bytes or a file object: torch reads them, and `ok` is False)
                  map_location='cpu'): # as for `torch.load`
         self.map_location,self.loaded,self.buffers,self.error,self.thread,self.file,self.copied = map_location,{},{},None,None,file,False
-        if not isinstance(file, (str, os.PathLike)) or not hasattr(os, 'preadv'): self.ok = False; return  # Windows has no `preadv`: torch reads
+        if not isinstance(file, (str, os.PathLike)):
+            self.sizes,self.ok = _archive_sizes(file),False; return
         self.file = open(file, 'rb')
-        plan = _storage_records(self.file)
+        self.sizes = _archive_sizes(self.file)
+        plan = _storage_records(self.file) if hasattr(os, 'preadv') else None  # Windows has no `preadv`: torch reads
         self.file.seek(0)
         self.ok = plan is not None
         if not self.ok: self.file.close(); self.file = file; return
@@ -1181,15 +1216,12 @@ class ArchiveStorages:
         except Exception as e: self.error = e
 
     def persistent_load(self, saved_id):
-        "The storage a persistent id ('storage', its type, key, place, size) names, as torch's loader gives it: its size checked against its record; where it is to be swapped or moved (`map_location`), once its bytes are there"
-        typename,storage_type,key,location,numel = saved_id
+        "The storage a persistent id ('storage', its type, key, place, size) names, as torch's loader gives it; where it is to be swapped or moved (`map_location`), once its bytes are there"
+        typename,storage_type,key,location,_ = saved_id
         if key in self.loaded: return self.loaded[key]
         if typename != 'storage' or key not in self.buffers: raise UnsafeExportError(f"{self.file.name}: a storage {key!r} its archive does not hold")
         dtype = torch.uint8 if storage_type is torch.UntypedStorage else storage_type.dtype
-        buffer = self.buffers.pop(key)
-        if buffer.numel() != numel * torch._utils._element_size(dtype):
-            raise UnsafeExportError(f"{self.file.name}: a storage {key!r} of {buffer.numel()} bytes, which its id says holds {numel} elements of {dtype}")
-        storage = buffer.untyped_storage()
+        storage = self.buffers.pop(key).untyped_storage()  # of the size its id says: the check compared them (`sizes`)
         if self.byteorder not in (None, sys.byteorder) or str(self.map_location) != 'cpu': self.wait()
         if self.byteorder not in (None, sys.byteorder): storage.byteswap(dtype)
         self.loaded[key] = torch.storage.TypedStorage(wrap_storage=torch.serialization._get_restore_location(self.map_location)(storage, location), dtype=dtype, _internal=True)
@@ -1269,7 +1301,7 @@ def export_verdict(file, # an export, or any file `torch.save` wrote
                    allow=(), # as the load's
                    places=()): # as the load's
     "The default load's decision on `file`: None where it admits the file, else the `UnsafeExportError` it raises. Read and checked, never built"
-    try: check_tree(read_export(file).tree, allow, places, str(file), file)
+    try: d = read_export(file); check_tree(d.tree, allow, places, str(file), file, sizes=d.sizes)
     except UnsafeExportError as e: return e
 
 def export_report(file, # an `export.pkl`, a `dls.pkl`, any file `torch.save` wrote

@@ -186,7 +186,7 @@ torch._utils _rebuild_tensor_v2 call storage int ints ints bool? hooks? none|dic
 torch._utils _rebuild_parameter call tensor bool hooks? -> parameter
 torch._tensor _rebuild_from_type_v2 call rebuild class:fastai.torch_core.TensorBase tuple none|dict -> tensor
 # numpy's and pandas' rebuilders of arrays and tables (a TabularPandas's table, a tokenizer's lengths): from a plain dtype, a shape and bytes
-numpy dtype call str bool? bool? -> dtype
+numpy dtype call descr bool? bool? -> dtype
 numpy._core.multiarray scalar call dtype bytes? -> scalar
 numpy._core.multiarray _reconstruct call class:numpy.ndarray ints bytes -> ndarray
 numpy.core.multiarray _reconstruct call class:numpy.ndarray ints bytes -> ndarray

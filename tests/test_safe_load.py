@@ -666,7 +666,7 @@ def zip_of(path, records, aliases=(), method=0):
 
 def test_storages_copied_beside_the_check(learner, tmp_path, monkeypatch):
     "The default load copies an archive's storages in a thread while it checks the pickle (`ArchiveStorages`): the weights are torch's own; only an archive laid out as torch writes it is read so (a record named twice over the same bytes, past the file's end, or deflated: torch reads it), a storage of another size than its id says is refused as torch refuses it; a copy slower than the build is waited for (a big-endian archive's storages swapped once there), one that fails or never ran is an error, never tensors of what memory held"
-    from ddp_safe_fastai.safe_unpickle import ArchiveStorages, ExportPickle
+    from ddp_safe_fastai.safe_unpickle import ArchiveStorages, ExportPickle, export_verdict
     learner.export(tmp_path/'export.pkl')
     assert ArchiveStorages(tmp_path/'export.pkl').ok
     ours,fastais = load_learner(tmp_path/'export.pkl'),load_learner(tmp_path/'export.pkl', trust=True)
@@ -691,6 +691,7 @@ def test_storages_copied_beside_the_check(learner, tmp_path, monkeypatch):
     longer = zip_of(tmp_path/'longer.pt', [(n, d + bytes(8) if n == data else d) for n,d in records])
     with pytest.raises(RuntimeError, match='does not match expected size'): torch.load(longer, weights_only=False)
     with pytest.raises(UnsafeExportError, match="a storage '0' of 32 bytes, which its id says holds 6 elements"): load(longer)
+    assert "a storage '0' of 32 bytes, which its id says holds 6 elements of torch.float32" in str(export_verdict(longer))  # inspect says it too
     with monkeypatch.context() as m:
         m.delattr(os, 'preadv')  # Windows: torch reads the storages
         assert not ArchiveStorages(tmp_path/'same.pt').ok and torch.equal(load(tmp_path/'same.pt')[1]['w'], w)
@@ -705,3 +706,14 @@ def test_storages_copied_beside_the_check(learner, tmp_path, monkeypatch):
     with pytest.raises(UnsafeExportError, match='ended before its storages'): load(tmp_path/'same.pt')
     monkeypatch.setattr(ArchiveStorages, 'copy', lambda self, parts: None)  # a copy that never ran: never tensors of what memory held
     with pytest.raises(UnsafeExportError, match='its storages were not copied'): load(tmp_path/'same.pt')
+
+def test_a_dtype_the_build_would_refuse_refused_by_the_check(tmp_path):
+    "A numpy dtype of a descr that is no plain dtype's ('cpu', fields): refused by the check, so that inspect refuses it as the load does (the fuzzer found the load refusing it in the build, after inspect had admitted it)"
+    from ddp_safe_fastai.safe_unpickle import ExportPickle, check_tree
+    from ddp_safe_fastai.export_reader import read_pickle
+    for descr in (b'cpu', b'[("a", "<f8")]'):
+        data = b'\x80\x02cnumpy\ndtype\nX' + len(descr).to_bytes(4, 'little') + descr + b'\x89\x88\x87R.'
+        with pytest.raises(UnsafeExportError, match='as argument 1: it takes descr there'): check_tree(read_pickle(data))
+        with pytest.raises(UnsafeExportError, match='as argument 1: it takes descr there'): ExportPickle().loads(data)
+    import numpy as np
+    assert ExportPickle().loads(b'\x80\x02cnumpy\ndtype\nX\x02\x00\x00\x00f8\x89\x88\x87R.') == np.dtype('f8')
