@@ -22,7 +22,7 @@ setuptools.setup(
     keywords=cfg['keywords'], packages=setuptools.find_packages(include=[cfg['lib_path'], cfg['lib_path']+'.*']),
     include_package_data=True, zip_safe=False, python_requires='>=' + min_python,
     install_requires=cfg.get('requirements', '').split(),
-    extras_require={k: cfg.get(f'{k}_requirements', '').split() for k in ('dev', 's3', 'azure', 'gcs')},  # the stores: `[s3]`...
+    extras_require={k: cfg.get(f'{k}_requirements', '').split() for k in ('dev', 's3', 'azure', 'gcs', 'ft')},  # the stores: `[s3]`...; torchft: `[ft]`
     entry_points={'console_scripts': scripts, 'nbdev': [f"{cfg['lib_path']}={cfg['lib_path']}._modidx:d"]},
     classifiers=['Topic :: Software Development :: Build Tools', 'Intended Audience :: Developers',
                  f"Development Status :: {cfg['status']} - {statuses[int(cfg['status'])-1]}",

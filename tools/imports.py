@@ -18,7 +18,7 @@ LAYERS = [
     ('checkpoint storage', ['storage', 'checkpoint_dir', 'object_store', 'tiers', 'memory_room', 'rng_handoff', 'memory_storage', 'memory_tier', 'durable_tier']),
     ('the fastai patches', ['distributed', 'learner', 'loops', 'text', 'writers', 'patches']),
     ('the callbacks', ['signals', 'callback', 'checkpoint']),
-    ('the tools', ['launch', 'testing', 'check', 'changes', 'all']),
+    ('the tools', ['launch', 'ft_launch', 'testing', 'check', 'changes', 'all']),
 ]
 _skip = {'__init__', '_modidx'}
 _gathers = {'all'}  # its one job is to re-export every module's names
