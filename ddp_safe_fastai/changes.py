@@ -352,6 +352,9 @@ process_changes = [
     *_prows('signal', 'signal', 'SIGTERM SIGUSR1', "during a fit with a `CheckpointCallback`: handlers that note the signal, and a wakeup "
             "descriptor; the old ones given back as the fit ends", "a signal to one rank stops every rank after the same batch",
             'signals:SignalWatch.__init__ signals:SignalWatch.close'),
+    *_prows('signal', 'signal', 'SIGTERM SIGINT', "in `ddp-safe-ft`'s own process (`launch_groups`): handlers that stop every replica group "
+            "it started, and the lighthouse; the old ones given back as it returns", "its groups run in sessions of their own, which a "
+            "signal to the launcher's does not reach", 'ft_launch:launch_groups'),
     *_prows('signal', 'signal', 'SIGXFSZ', "ignored inside `check`'s full-disk case only, then given back",
             "a write past the file size limit fails with EFBIG, as on a full disk, instead of killing the process", 'check:_file_size_limit'),
     *_prows('resource limit', 'resource.setrlimit', 'RLIMIT_FSIZE', "half the checkpoint's size, inside `check`'s full-disk case only, then given back",
