@@ -6,7 +6,7 @@
 __all__ = []
 
 # %% ../nbs/99_all.ipynb #6d42282d
-from . import errors, ranks, store_gather, rendezvous, core, files, checksums, written, transport, fastai_imports, matching, background, directories, reads, persist, resume, train_state, checkpoint_dir, object_store, distributed, learner, loops, text, writers, patches, signals, callback, checkpoint
+from . import errors, ranks, store_gather, rendezvous, core, files, checksums, written, transport, fastai_imports, matching, background, directories, reads, persist, resume, train_state, checkpoint_dir, object_store, distributed, learner, loops, text, writers, patches, signals, callback, checkpoint, fault_tolerance
 from .errors import *
 from .ranks import *
 from .store_gather import *
@@ -35,5 +35,6 @@ from .patches import *
 from .signals import *
 from .callback import *
 from .checkpoint import *
+from .fault_tolerance import *
 
-__all__ = list(dict.fromkeys(n for m in (errors, ranks, store_gather, rendezvous, core, files, checksums, written, transport, fastai_imports, matching, background, directories, reads, persist, resume, train_state, checkpoint_dir, object_store, distributed, learner, loops, text, writers, patches, signals, callback, checkpoint) for n in m.__all__))
+__all__ = list(dict.fromkeys(n for m in (errors, ranks, store_gather, rendezvous, core, files, checksums, written, transport, fastai_imports, matching, background, directories, reads, persist, resume, train_state, checkpoint_dir, object_store, distributed, learner, loops, text, writers, patches, signals, callback, checkpoint, fault_tolerance) for n in m.__all__))

@@ -41,8 +41,11 @@ fastai_changes = [
            "one process on a GPU: accelerate does not wrap the model, and `model.device` failed in `before_fit`"),
     *_rows('distributed', 'fastai.distributed.DistributedTrainer', 'after_fit_raised', "added: a fit that raised leaves the model and the DataLoaders as its end does",
            "the DataLoaders stayed wrapped after a fit that raised inside `distrib_ctx`, and `Learner.export` failed on them"),
-    *_rows('distributed', 'fastai.learner.Learner', 'detach_distributed', "removes the `DistributedTrainer` with no distributed run or one process too",
+    *_rows('distributed', 'fastai.learner.Learner', 'detach_distributed', "removes the `DistributedTrainer` with no distributed run or one process too, and the callbacks `to_distributed` added",
            "with `WORLD_SIZE=1` every `distrib_ctx` added one more, and the DataLoaders stayed wrapped after it"),
+    *_rows('distributed', 'fastai.learner.Learner', 'to_distributed', "also adds the callbacks of `distrib_ctx_callbacks`: `FaultTolerance` with `TORCHFT_LIGHTHOUSE` set, "
+           "each fit on torchft's replica groups", "each torchft replica group is a process group of its own: without it every group "
+           "trains alone, and every group's rank 0 writes the same files"),
     *_rows('distributed', 'fastai.distributed.DistributedDL', '_broadcast', "broadcasts on the backend's device",
            "a CUDA tensor on a machine without CUDA"),
     *_rows('distributed', 'fastai.distributed.DistributedDL', 'after_iter', "ends the pass as the wrapped loader does",

@@ -21,8 +21,8 @@ from .learner import model_device
 with fastai_defaults_kept(): import fastai.distributed; from fastai.distributed import DistributedDL, DistributedTrainer
 
 # %% auto #0
-__all__ = ['setup_distrib', 'rank0_first', 'fastai_defaults_kept', 'fastai_original', 'rebind_fastai', 'when_imported',
-           'model_device', 'deal']
+__all__ = ['distrib_ctx_callbacks', 'ContextCallbacks', 'setup_distrib', 'rank0_first', 'fastai_defaults_kept', 'fastai_original',
+           'rebind_fastai', 'when_imported', 'model_device', 'deal']
 
 # %% ../nbs/40_distributed.ipynb #eaf8ebe8
 for _f in (rank_distrib, num_distrib, distrib_barrier): rebind_fastai(fastai.torch_core, _f.__name__, _f)
@@ -107,12 +107,37 @@ def after_fit_raised(self:DistributedTrainer, e):
     "The fit raised: the model and the DataLoaders as `after_fit` leaves them"
     self.after_fit()
 
+# %% ../nbs/40_distributed.ipynb #9c1e4a02
+class ContextCallbacks:
+    "The callbacks `distrib_ctx` adds besides fastai's `DistributedTrainer`: for each type, registered by the module that defines it, a maker of one for a Learner (None: not for this run)"
+    def __init__(self): self.makers = {}  # {the type's name: (the type, its maker)}
+    def register(self, cls, make):
+        "Add `cls` and its maker; a type of the same name registered before is replaced (its module run again, as its notebook does)"
+        self.makers[cls.__qualname__] = (cls, make)
+    @property
+    def types(self): return tuple(cls for cls,_ in self.makers.values())
+    def __call__(self, learn):
+        "The callbacks to add to `learn`: one of each type it does not have, where its maker makes one"
+        return [cb for cls,make in self.makers.values() if not any(isinstance(c, cls) for c in learn.cbs) and (cb := make(learn)) is not None]
+
+distrib_ctx_callbacks = ContextCallbacks()  # this process's
+
+_fastai_to_distributed = fastai_original(Learner, 'to_distributed')
+
+@patch
+def to_distributed(self:Learner, sync_bn=True, **kwargs):
+    "fastai's; then the callbacks registered in `distrib_ctx_callbacks` for this run (`FaultTolerance` under torchft)"
+    _fastai_to_distributed(self, sync_bn, **kwargs)
+    self.add_cbs(distrib_ctx_callbacks(self))
+    return self
+
 # %% ../nbs/40_distributed.ipynb #246d8a9c
 _fastai_detach_distributed = fastai_original(Learner, 'detach_distributed')
 
 @patch
 def detach_distributed(self:Learner):
-    "fastai's; with no distributed run or one process too, where fastai's kept the `DistributedTrainer`"
+    "fastai's; with no distributed run or one process too, where fastai's kept the `DistributedTrainer`; the callbacks `to_distributed` added go too"
+    self.remove_cbs([cb for cb in self.cbs if isinstance(cb, distrib_ctx_callbacks.types)])
     if num_distrib() <= 1: self.remove_cb(DistributedTrainer)  # one process is rank 0: no progress bar to put back
     return _fastai_detach_distributed(self)
 

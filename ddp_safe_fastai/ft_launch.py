@@ -4,37 +4,20 @@
 
 # %% ../nbs/56_ft_launch.ipynb #b72542ba
 from __future__ import annotations
-import os, sys, time, shutil, signal, argparse, subprocess, urllib.request, importlib.metadata
+import os, sys, time, shutil, signal, argparse, subprocess
 from pathlib import Path
 from .launch import free_port, kill_tree
+from .fault_tolerance import check_torchft, lighthouse_answers
 
 # %% auto #0
-__all__ = ['TORCHFT_VERSION', 'check_torchft', 'Lighthouse', 'ReplicaGroup', 'launch_groups', 'main']
-
-# %% ../nbs/56_ft_launch.ipynb #20a77b9b
-TORCHFT_VERSION = '0.2.0'
-
-def check_torchft():
-    "The torchft version installed, if it is the one this library runs on (`TORCHFT_VERSION`); else an `ImportError` saying how to install it"
-    try: version = importlib.metadata.version('torchft')
-    except importlib.metadata.PackageNotFoundError:
-        raise ImportError(f"torchft is not installed: `pip install 'ddp_safe_fastai[ft]'` installs torchft=={TORCHFT_VERSION}") from None
-    if version != TORCHFT_VERSION:
-        raise ImportError(f"torchft {version} is installed; ddp_safe_fastai runs on torchft=={TORCHFT_VERSION}: `pip install 'ddp_safe_fastai[ft]'`")
-    return version
+__all__ = ['Lighthouse', 'ReplicaGroup', 'launch_groups', 'main']
 
 # %% ../nbs/56_ft_launch.ipynb #a8438781
-def _serves(port, timeout=0.5):
-    "Does a torchft lighthouse answer on 127.0.0.1:`port` (its dashboard, no proxy between)?"
-    try:
-        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(f"http://127.0.0.1:{port}/", timeout=timeout) as r: return b'torchft' in r.read(4096)
-    except (OSError, ValueError): return False
-
 class Lighthouse:
     "torchft's lighthouse (`torchft_lighthouse`) on 127.0.0.1:`port`, its log in `log`; `url` is what a replica group's `TORCHFT_LIGHTHOUSE` says"
     def __init__(self, port=None, # default: a free one
                  heartbeat_timeout_ms=1000, # how long a group may be silent before the lighthouse counts it lost (torchft's default: 5000)
-                 join_timeout_ms=1000, # how long a quorum waits for groups that heartbeat but have not asked to join
+                 join_timeout_ms=10000, # how long a quorum waits for a live group (one that heartbeats) to ask: a slow group is waited for, a dead one is not (its heartbeats stop)
                  min_replicas=1, # the fewest groups a quorum may have
                  log=None): # a file for its output (default: none)
         self.port = port or free_port()
@@ -50,7 +33,7 @@ class Lighthouse:
         out = open(self.log, 'ab') if self.log else subprocess.DEVNULL
         self.proc = subprocess.Popen(self.command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + timeout
-        while not _serves(self.port):
+        while not lighthouse_answers(self.url):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"torchft's lighthouse did not start on 127.0.0.1:{self.port} in {timeout} s ({' '.join(self.command)})")
@@ -77,6 +60,7 @@ class ReplicaGroup:
     def __init__(self, group, groups, nproc, lighthouse, script, args=(), env=None):
         self.group,self.groups,self.nproc,self.lighthouse,self.script,self.args = group,groups,nproc,lighthouse,script,list(args)
         self.env = dict(os.environ if env is None else env, REPLICA_GROUP_ID=str(group), NUM_REPLICA_GROUPS=str(groups), TORCHFT_LIGHTHOUSE=lighthouse)
+        self.env.setdefault('RUST_LOG', 'warn')  # torchft's own log says every quorum and commit at its default level
         self.proc,self.starts = None,0
 
     def start(self):
@@ -104,8 +88,10 @@ def launch_groups(script, # the training script, as `torchrun` runs it
                   max_restarts=3, # times a group that exits with an error is started again
                   heartbeat_timeout_ms=1000, # see `Lighthouse`
                   lighthouse_port=None, # default: a free one
+                  finish_grace=30, # seconds the other groups have to end once one finished the run; then they are stopped
+                  min_replicas=1, # the fewest live groups a step may have (the lighthouse waits for them)
                   say=print): # where it tells what it does
-    "Run `script` fault-tolerant on this machine: a torchft lighthouse and `groups` replica groups of `nproc_per_group` processes, a group that fails started again; 0 once every group ended well, else 1"
+    "Run `script` fault-tolerant on this machine: a torchft lighthouse and `groups` replica groups of `nproc_per_group` processes, a group that fails started again until one has finished the run; 0 once a group finished and none failed before, else 1"
     for name,v,least in (('groups', groups, 1), ('nproc_per_group', nproc_per_group, 1), ('max_restarts', max_restarts, 0)):
         if not isinstance(v, int) or v < least: raise ValueError(f"launch_groups({name}={v!r}): at least {least}")
     if not Path(script).is_file(): raise FileNotFoundError(f"launch_groups: the script {script} is no file")
@@ -113,22 +99,27 @@ def launch_groups(script, # the training script, as `torchrun` runs it
     stop = []
     def on_signal(sig, frame): stop.append(sig)
     handlers = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
-    lighthouse = Lighthouse(lighthouse_port, heartbeat_timeout_ms).start()
+    lighthouse = Lighthouse(lighthouse_port, heartbeat_timeout_ms, min_replicas=min_replicas).start()
     say(f"ddp-safe-ft: torchft's lighthouse at {lighthouse.url}; {groups} replica groups of {nproc_per_group} processes")
     running = [ReplicaGroup(g, groups, nproc_per_group, lighthouse.url, script, args).start() for g in range(groups)]
-    failed = []
+    failed,finished,finished_at = [],[],None
     try:
         while running:
             if stop: say(f"ddp-safe-ft: stopped by signal {stop[0]}"); return 128 + stop[0]  # each group stopped below
             if not lighthouse.alive:
                 say("ddp-safe-ft: the lighthouse died: started again on its port"); lighthouse.start()
+            if finished and time.monotonic() > finished_at + finish_grace:
+                say(f"ddp-safe-ft: replica group(s) {finished} finished the run {finish_grace} s ago: stopping replica group(s) {[g.group for g in running]}")
+                return 1 if failed else 0  # each group stopped below
             for g in list(running):
                 if (code := g.poll()) is None: continue
-                if code != 0 and g.starts <= max_restarts:
+                if code != 0 and g.starts <= max_restarts and not finished:
                     say(f"ddp-safe-ft: replica group {g.group} exited with {code}: started again ({g.starts} of --max-restarts {max_restarts})"); g.start()
                     continue
                 running.remove(g)
-                if code != 0:
+                if code == 0: finished.append(g.group); finished_at = time.monotonic()
+                elif finished: say(f"ddp-safe-ft: replica group {g.group} exited with {code}; not started again: replica group(s) {finished} finished the run")
+                else:
                     failed.append(g.group)
                     say(f"ddp-safe-ft: replica group {g.group} exited with {code} after {g.starts - 1} restarts (--max-restarts {max_restarts}): not started again")
             time.sleep(0.1)
@@ -147,8 +138,10 @@ def main(argv=None):
     p.add_argument('--nproc-per-group', type=int, default=1, help="processes in each group (default: 1)")
     p.add_argument('--max-restarts', type=int, default=3, help="times a group that fails is started again (default: 3)")
     p.add_argument('--heartbeat-timeout-ms', type=int, default=1000, help="how long a group may be silent before the others go on without it (default: 1000)")
+    p.add_argument('--min-replicas', type=int, default=1, help="the fewest live groups a step may have; the others wait for them (default: 1)")
+    p.add_argument('--finish-grace', type=float, default=30, help="seconds the other groups have to end once one finished the run (default: 30)")
     p.add_argument('--lighthouse-port', type=int, default=None, help="the lighthouse's port on 127.0.0.1 (default: a free one)")
     p.add_argument('script'); p.add_argument('args', nargs=argparse.REMAINDER)
     a = p.parse_args(argv)
-    try: return launch_groups(a.script, a.args, a.groups, a.nproc_per_group, a.max_restarts, a.heartbeat_timeout_ms, a.lighthouse_port)
+    try: return launch_groups(a.script, a.args, a.groups, a.nproc_per_group, a.max_restarts, a.heartbeat_timeout_ms, a.lighthouse_port, a.finish_grace, a.min_replicas)
     except (ValueError, FileNotFoundError, ImportError, RuntimeError) as e: print(f"ddp-safe-ft: {e}", file=sys.stderr); return 2

@@ -9,8 +9,9 @@ from functools import partial
 from pathlib import Path
 import torch
 from fastcore.meta import delegates
+from fastcore.basics import noop
 from .errors import CheckpointError, describe
-from .ranks import check_scope, distrib_timeout
+from .ranks import check_scope, distrib_timeout, run_group
 from .rendezvous import group_store, is_main_process, join_launched_group
 from .core import raise_any_failure, sync_point
 from .files import atomic_write, state_bytes
@@ -52,7 +53,7 @@ def check_not_replaced(file, # the file this run saved and is about to read back
     "Raise `CheckpointError` on every rank if another run replaced `file` after this run's main process wrote it"
     file = Path(file).absolute()
     background_saves.finish(timeout, file)
-    why = replaced_since_written(file) if is_main_process(check_scope(scope)) else None
+    why = replaced_since_written(file) if is_main_process(check_scope(scope)) and run_group.writes else None  # under torchft, the group that writes now
     raise_any_failure(why, f"{what} {file.name} (written by this run?)", f"{what} {file}", timeout)
 
 # %% ../nbs/14_persist.ipynb #9416241d
@@ -92,7 +93,7 @@ def run_on_main(file, # what the job makes (a file; a checkpoint directory's `la
         idx = save_matching.number(prefix, at, file.name, site)
     if is_main_process(scope):
         key = save_matching.note_write(prefix, file.name, at, site, idx) if at else None
-        run = partial(_publishing, job, key, f"could not write {file}")
+        run = partial(_publishing, job if run_group.writes else noop, key, f"could not write {file}")
         if async_save: return background_saves.write(file, run, staged)
         run()
     elif at:

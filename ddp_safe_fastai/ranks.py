@@ -53,6 +53,7 @@ class RunGroup:
     def __init__(self):
         self.key,self.rank,self.size,self.store,self.formed,self.seen = None,0,0,None,0,0
         self.own_store,self.lock,self.alone,self.topologies = None,threading.Lock(),False,{}
+        self.replicas,self.replica,self.writes = 1,0,True  # torchft's replica groups: how many, this one, does it write
 
     def note(self):
         "Remember the process group initialised now (once per group)"

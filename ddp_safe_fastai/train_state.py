@@ -11,7 +11,7 @@ from fastcore.foundation import L
 from fastai.torch_core import get_model
 from fastai.learner import Learner
 from .errors import CheckpointError
-from .ranks import num_distrib
+from .ranks import num_distrib, run_group
 from .fastai_imports import fastai_defaults_kept
 from .background import tensors_in
 from .reads import load_state
@@ -128,7 +128,7 @@ def inner_dls(learn):
     return [unwrapped(dl) for dl in learn.dls.loaders]
 
 # %% ../nbs/22_train_state.ipynb #55d55885
-def world_size(): return max(num_distrib(), 1)
+def world_size(): return max(num_distrib(), 1) * run_group.replicas
 
 # %% ../nbs/22_train_state.ipynb #5d672f47
 def epoch_fraction(learn, done):

@@ -30,6 +30,9 @@ class WrittenFiles:
         "Record that this process has just written `file`"
         file = Path(file).absolute()
         with self.lock: self.identity.pop(file, None); self.identity[file] = _identity(file)
+    def forget(self):
+        "Forget every file: from now on another process's writes are this run's too (under torchft, the writer moved here from another replica group)"
+        with self.lock: self.identity.clear()
 
 written_files = WrittenFiles()  # this process's
 

@@ -240,7 +240,8 @@ _shared = {'swift': 'object storage', 'azurite': 'object storage', 'store': 'obj
 def pytest_collection_modifyitems(items):
     "With pytest-xdist (`-n 2 --dist loadgroup`), the tests that share one server, or one set of addresses, run on one worker, one at a time"
     for item in items:
-        group = 'slurm' if item.path.name == 'test_checkpoint_slurm.py' else next((g for f,g in _shared.items() if f in item.fixturenames), None)
+        group = ('slurm' if item.path.name == 'test_checkpoint_slurm.py' else 'torchft' if item.path.name in ('test_fault_tolerance.py', 'test_ft_launch.py')
+                 else next((g for f,g in _shared.items() if f in item.fixturenames), None))  # torchft's: several replica groups each, one run at a time
         if group: item.add_marker(pytest.mark.xdist_group(group))
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's: the dev environment has none

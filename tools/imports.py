@@ -17,7 +17,7 @@ LAYERS = [
     ('the training state and its format', ['resume', 'manifest', 'train_state', 'raw_state']),
     ('checkpoint storage', ['storage', 'checkpoint_dir', 'object_store', 'tiers', 'memory_room', 'rng_handoff', 'memory_storage', 'memory_tier', 'durable_tier']),
     ('the fastai patches', ['distributed', 'learner', 'loops', 'text', 'writers', 'patches']),
-    ('the callbacks', ['signals', 'callback', 'checkpoint']),
+    ('the callbacks', ['signals', 'callback', 'checkpoint', 'fault_tolerance']),
     ('the tools', ['launch', 'ft_launch', 'testing', 'check', 'changes', 'all']),
 ]
 _skip = {'__init__', '_modidx'}

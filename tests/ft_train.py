@@ -1,0 +1,46 @@
+"""A user's script, run fault-tolerant under torchft by `test_fault_tolerance.py`: a fastai learner in `distrib_ctx`, unchanged
+but for a log of every committed step (the step, where the fit is, digests of the weights, the optimizer's state and the
+random states, this process's PID, whether its group writes).
+
+    ft_train.py OUT EPOCHS   # env: STEP_PAUSE (seconds a step), N (samples), CKPT=1 (a CheckpointCallback every 10 batches),
+                             # MEMORY=1 (a CheckpointCallback into node memory every batch),
+                             # BEST=1 (a SafeSaveModelCallback), FINE_TUNE=1 (`fine_tune` instead of `fit`)"""
+import os, sys, json, time, hashlib, torch
+from ddp_safe_fastai.all import *
+from ddp_safe_fastai.testing import synth_learner
+from fastai.callback.core import Callback
+
+out,epochs = sys.argv[1],int(sys.argv[2])
+group,pause = int(os.environ.get('REPLICA_GROUP_ID', 0)),float(os.environ.get('STEP_PAUSE', 0.02))
+learn = synth_learner(n=int(os.environ.get('N', 320)), path=out, seed=0)
+torch.manual_seed(100 + group); learn.model.reset_parameters()  # each group starts from weights of its own: one model all the same
+
+def digest(ts):
+    h = hashlib.sha256()
+    for t in ts: h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+class StepLog(Callback):
+    "After every committed training step: where the fit is, and digests of what every live replica must hold alike"
+    order = 1002  # after `FaultTolerance`
+    def after_batch(self):
+        if not self.training or not len(self.learn.yb): return  # a batch that ended without a step (`yb` emptied, as fastai's `Recorder` reads it)
+        ft = next((cb for cb in self.learn.cbs if isinstance(cb, FaultTolerance)), None)  # None under plain torchrun (the benchmark's baseline)
+        opt = self.learn.opt.state
+        opt = [st[k] for p in self.learn.model.parameters() for st in [opt.get(p, {})] for k in sorted(st) if isinstance(st[k], torch.Tensor)]
+        rec = dict(step=ft.manager.current_step() if ft else self.learn.train_iter, fit=ft.fit_no if ft else 0, epoch=self.epoch, iter=self.iter,
+                   live=ft.manager.num_participants() if ft else num_distrib(),
+                   writes=run_group.writes, w=digest(self.learn.model.parameters()), opt=digest(opt), rng=digest([torch.get_rng_state()]),
+                   pid=os.getpid(), t=time.time(), train_iter=self.learn.train_iter, losses=len(self.learn.recorder.losses))
+        with open(f"{out}/log{group}_{rank_distrib()}.jsonl", 'a') as f: f.write(json.dumps(rec) + '\n')
+        time.sleep(pause)
+
+cbs = [StepLog()]
+if os.environ.get('CKPT'): cbs.append(CheckpointCallback(every_iters=10))
+if os.environ.get('MEMORY'): cbs.append(CheckpointCallback(memory_every_iters=1))
+if os.environ.get('BEST'): cbs.append(SafeSaveModelCallback(fname='best'))
+with learn.distrib_ctx():
+    if os.environ.get('FINE_TUNE'): learn.fine_tune(epochs, 1e-2, cbs=cbs)
+    else: learn.fit(epochs, 1e-2, cbs=cbs)
+with open(f"{out}/end{group}_{rank_distrib()}.json", 'w') as f:
+    json.dump(dict(w=digest(learn.model.parameters()), values=[list(map(float, v)) for v in learn.recorder.values]), f)

@@ -1,0 +1,194 @@
+"""`FaultTolerance` (nbs/49_fault_tolerance.ipynb): a fastai script, unchanged, run by `ddp-safe-ft` on torchft's replica
+groups with a real lighthouse and real `torchrun`s; groups killed with SIGKILL at random steps, started again, and joined
+to their live peers. Every replica logs each committed step (`ft_train.py`); the tests compare the logs."""
+import os, sys, json, time, random, signal, subprocess, collections
+from pathlib import Path
+import pytest, psutil
+from ddp_safe_fastai.launch import kill_tree
+from ddp_safe_fastai.manifest import why_incomplete
+
+LAUNCHER = Path(sys.executable).parent/'ddp-safe-ft'  # the console script `pip install` makes
+SCRIPT = Path(__file__).parent/'ft_train.py'
+
+class Run:
+    "`ddp-safe-ft --groups G --nproc-per-group P ft_train.py OUT EPOCHS`, started; its replicas' logs as they grow"
+    def __init__(self, tmp_path, groups, nproc=1, epochs=2, flags=(), **env):
+        self.out,self.groups,self.nproc = tmp_path/'out',groups,nproc
+        self.out.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, **{k: str(v) for k,v in env.items()})
+        self.p = subprocess.Popen([str(LAUNCHER), '--groups', str(groups), '--nproc-per-group', str(nproc), '--max-restarts', '40', '--finish-grace', '15',
+                                   *flags, str(SCRIPT), str(self.out), str(epochs)], env=env, stdout=open(tmp_path/'launcher.out', 'w'), stderr=subprocess.STDOUT)
+        self.said = tmp_path/'launcher.out'
+
+    def records(self, group, rank=0):
+        "The committed steps replica `group`'s rank `rank` logged, every start of it in turn"
+        f = self.out/f'log{group}_{rank}.jsonl'
+        return [json.loads(l) for l in f.read_text().splitlines() if l.endswith('}')] if f.exists() else []
+
+    def tail(self, group, n=4):
+        "The last `n` steps replica `group`'s rank 0 logged, read from the end of its log"
+        f = self.out/f'log{group}_0.jsonl'
+        if not f.exists(): return []
+        with open(f, 'rb') as fh:
+            fh.seek(max(fh.seek(0, 2) - 1000*n, 0))
+            return [json.loads(l) for l in fh.read().decode().splitlines()[1:] if l.endswith('}')][-n:]
+
+    def last(self, group):
+        r = self.tail(group, 1)
+        return r[-1] if r else None
+
+    def wait(self, timeout=240):
+        "The launcher's exit code; on a timeout, which groups' replicas had stopped logging, and where"
+        try: return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            where = {g: (r and (r['step'], round(time.time() - r['t'], 1))) for g in range(self.groups) for r in [self.last(g)]}
+            pytest.fail(f"ddp-safe-ft did not return in {timeout} s; each group's last step and how long ago: {where}\n{self.said.read_text()[-3000:]}")
+        finally: kill_tree(self.p.pid)
+
+def check_replicas(run):
+    """At every committed step, every replica that took it holds the same weights, optimizer state, random states and place
+    in the fit; one group writes; the fit ends with one model. A step is the replicas' records of it within seconds of
+    each other: when every group was lost, the run went on from a checkpoint, and took the steps after it again"""
+    logs = {(g, r): run.records(g, r) for g in range(run.groups) for r in range(run.nproc)}
+    at = collections.defaultdict(dict)
+    for who,recs in logs.items():
+        for rec in recs:
+            key = (rec['fit'], rec['step'])
+            while who in at[key] or any(abs(rec['t'] - o['t']) > 3 for o in at[key].values()): key += ('again',)
+            at[key][who] = rec
+    keys = ('w', 'opt', 'rng', 'epoch', 'iter', 'train_iter', 'losses')
+    for step,recs in sorted(at.items()):
+        seen = {tuple(rec[k] for k in keys) for rec in recs.values()}
+        assert len(seen) == 1, f"fit {step[0]}, step {step[1]}: the replicas differ: { {who: [rec[k] for k in keys] + [rec['pid'], rec['t']] for who,rec in recs.items()} }"
+        writers = {g for (g,_),rec in recs.items() if rec['writes']}
+        assert writers == {min(g for g,_ in recs)} or len({g for g,_ in recs}) < run.groups, f"fit {step[0]}, step {step[1]}: the groups that write: {writers}"
+    ends = {json.loads(f.read_text())['w'] for f in run.out.glob('end*.json')}
+    assert len(ends) == 1, f"the replicas ended with different weights: {ends}"
+    return logs,at
+
+def pids(recs): return [p for i,p in enumerate(r['pid'] for r in recs) if i == 0 or recs[i-1]['pid'] != p]
+
+def test_groups_train_on_through_kills(tmp_path):
+    """Three groups of one process, `CheckpointCallback` and `SafeSaveModelCallback` in the script, each group starting
+    from weights of its own. At least 16 SIGKILLs of a random group at a random step, one of them the writer just as it
+    saves a checkpoint and one during validation, and a group stopped (SIGSTOP) for 4 s; each killed
+    group is started again and joins its peers where they are.
+    Every live replica is bitwise alike at every committed step; a survivor's PID changes only when it is killed; one group
+    writes; every checkpoint on disk is whole; the fit ends at one step everywhere"""
+    run = Run(tmp_path, 3, epochs=3, N=14400, STEP_PAUSE=0.05, CKPT=1, BEST=1)
+    rng,kills,deadline = random.Random(0),[],time.monotonic() + 240
+    per_epoch = 14400 // 8 // 3
+    special,want = ['writer saving', 'validating', 'stopped'],17  # the special ones as they come, random kills between
+    try:
+        while (len(kills) < want or special) and run.p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            dead = {pid for _,pid,_,how in kills if how != 'stopped'}
+            logs = {g: run.tail(g) for g in range(3)}
+            live = {g: recs[-1] for g,recs in logs.items() if recs and time.time() - recs[-1]['t'] < 0.5 and recs[-1]['pid'] not in dead}
+            top = max((r['step'] for r in live.values()), default=0)
+            if len(live) < 2 or top > 0.9 * 3 * per_epoch: continue  # a survivor stays; the run leaves time to join
+            near_end = 'validating' in special and top % per_epoch > per_epoch - 150  # an epoch's end soon: no random kill, the groups back for it
+            live = {g: r for g,r in live.items() if len(logs[g]) > 3 and logs[g][0]['pid'] == r['pid']}  # a few steps since it joined
+            picks = {'writer saving': [g for g,r in live.items() if r['writes'] and (r['iter'] + 1) % 10 == 0],  # `every_iters=10` saves after this batch
+                     'validating': [g for g,r in live.items() if r['iter'] == per_epoch - 1],  # its epoch's last batch: validation next
+                     'stopped': list(live) if len(kills) > 3 else []}
+            how = next((k for k in special if picks[k]), 'any')
+            if near_end and how != 'validating': continue
+            pick = picks.get(how, list(live) if rng.random() < 0.05 else [])  # 'any': a random step
+            if not pick: continue
+            g = rng.choice(pick); r = live[g]
+            if how == 'stopped':  # SIGSTOP for 4 s: the others wait in a collective, or go on without it, when it finds itself behind and is started again
+                os.kill(r['pid'], signal.SIGSTOP); time.sleep(4); os.kill(r['pid'], signal.SIGCONT)
+            else:
+                try: os.kill(r['pid'], signal.SIGKILL)
+                except ProcessLookupError: continue  # it ended meanwhile
+            if how in special: special.remove(how)
+            kills.append((g, r['pid'], r['step'], how))
+        code = run.wait(timeout=300)
+    finally: kill_tree(run.p.pid)
+    assert len(kills) >= want and not special, f"only {len(kills)} kills before the run ended: {kills}"
+    assert code == 0, run.said.read_text()[-3000:]
+    logs,at = check_replicas(run)
+    for g in range(3):  # a group's PID changes only where it was killed (or stopped, and found itself behind)
+        assert set(pids(logs[(g, 0)])[:-1]) <= {pid for kg,pid,_,_ in kills if kg == g}, (g, pids(logs[(g, 0)]), kills)
+    said = run.said.read_text()
+    stopped = next(k for k in kills if k[3] == 'stopped')  # back, it went on (the others waited in a collective) or found itself behind and was started again
+    assert 'fell behind its live peers' in said or any(r['pid'] == stopped[1] and r['step'] > stopped[2] + 1 for r in logs[(stopped[0], 0)])
+    joins = said.count('joins its live peers at epoch')
+    assert joins >= 8, f"{joins} joins of a group started again"
+    ckpts = [d for d in (run.out/'models'/'ckpt').iterdir() if (d/'manifest.json').exists()]
+    assert ckpts and all(why_incomplete(d) is None for d in ckpts), {d.name: why_incomplete(d) for d in ckpts}
+
+def test_two_groups_of_two_processes(tmp_path):
+    "Two groups of two ranks each (DDP inside a group): a rank of group 1 killed, then a rank of group 0; each group is started again, all of it, and joins; every rank of every live group alike at every step"
+    run = Run(tmp_path, 2, nproc=2, epochs=2, N=4800, STEP_PAUSE=0.05)
+    kills,deadline = [],time.monotonic() + 150
+    try:
+        for g,rank in ((1, 1), (0, 0)):
+            while time.monotonic() < deadline:  # each kill once both groups train, the second after the first group joined again
+                time.sleep(0.05)
+                recs = [run.records(h, k) for h in range(2) for k in range(2)]
+                if all(r and time.time() - r[-1]['t'] < 0.5 and r[-1]['pid'] not in {p for _,p,_ in kills} for r in recs): break
+            r = run.records(g, rank)[-1]
+            os.kill(r['pid'], signal.SIGKILL); kills.append((g, r['pid'], r['step']))
+        code = run.wait(timeout=200)
+    finally: kill_tree(run.p.pid)
+    assert code == 0, run.said.read_text()[-3000:]
+    logs,at = check_replicas(run)
+    assert run.said.read_text().count('joins its live peers at epoch') >= 2
+    assert max(len(recs) for recs in at.values()) == 4  # steps with all four ranks
+
+def test_every_group_killed_resumes_from_its_checkpoint(tmp_path):
+    "Two groups, both killed at once after a checkpoint: the same command goes on from the checkpoint and ends with the weights of the run that was never killed, bit for bit"
+    flags = ('--min-replicas', '2')  # every step has both groups, as in the run that was never killed
+    whole = Run(tmp_path/'whole', 2, epochs=2, flags=flags, N=1600, STEP_PAUSE=0.01, CKPT=1)
+    assert whole.wait(timeout=200) == 0, whole.said.read_text()[-3000:]
+    run = Run(tmp_path/'killed', 2, epochs=2, flags=flags, N=1600, STEP_PAUSE=0.02, CKPT=1)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            last = [run.last(g) for g in range(2)]
+            if all(r and r['step'] >= 64 and r['step'] % 10 in (3, 4, 5) for r in last): break  # a few steps after the checkpoint of step 60 or later
+        steps = [r['step'] for r in last]
+        for r in last: os.kill(r['pid'], signal.SIGKILL)
+        code = run.wait(timeout=200)
+    finally: kill_tree(run.p.pid)
+    assert code == 0, run.said.read_text()[-3000:]
+    said = run.said.read_text()
+    assert 'CheckpointCallback: fit 0 resumed from' in said, said[-3000:]
+    check_replicas(run)
+    ends = {json.loads(f.read_text())['w'] for f in [*whole.out.glob('end*.json'), *run.out.glob('end*.json')]}
+    assert len(ends) == 1, (ends, steps)
+
+def test_lighthouse_killed_and_started_again(tmp_path):
+    """The lighthouse killed while two groups train: `ddp-safe-ft` starts it again on its port; the groups' quorums retry
+    and they go on, their processes the same, alike at every step. `--min-replicas 2`: the new lighthouse, which knows
+    no group yet, does not let the first group that asks train alone (then the other would be a step behind)"""
+    run = Run(tmp_path, 2, epochs=2, flags=('--min-replicas', '2'), N=1600, STEP_PAUSE=0.05)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not all((r := run.last(g)) and r['step'] > 20 for g in range(2)): time.sleep(0.05)
+        lighthouse = [p for p in psutil.Process(run.p.pid).children() if 'torchft_lighthouse' in ' '.join(p.cmdline())]
+        assert len(lighthouse) == 1
+        lighthouse[0].kill()
+        code = run.wait(timeout=300)
+    finally: kill_tree(run.p.pid)
+    assert code == 0, run.said.read_text()[-3000:]
+    assert 'the lighthouse died: started again on its port' in run.said.read_text()
+    logs,_ = check_replicas(run)
+    assert all(len(pids(recs)) == 1 for recs in logs.values()), {who: pids(recs) for who,recs in logs.items()}
+
+@pytest.mark.parametrize('setting,env', [
+    ('TORCHFT_LIGHTHOUSE', dict(REPLICA_GROUP_ID='0', NUM_REPLICA_GROUPS='2')),  # nothing listens there
+    ('REPLICA_GROUP_ID=2', dict(REPLICA_GROUP_ID='2', NUM_REPLICA_GROUPS='2'))])
+def test_bad_settings_fail_on_every_rank(tmp_path, setting, env):
+    "A group of two ranks started with a lighthouse nowhere, or a group number out of range: one error on each rank naming the setting, nothing written"
+    from ddp_safe_fastai.launch import free_port
+    out = tmp_path/'out'; out.mkdir()
+    env = dict(os.environ, TORCHFT_LIGHTHOUSE=f'http://127.0.0.1:{free_port()}', CKPT='1', BEST='1', **env)
+    r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2', str(SCRIPT), str(out), '1'],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    for rank in (0, 1): assert any(l.startswith(f'[rank{rank}]') and setting in l for l in r.stderr.splitlines()), r.stderr[-3000:]
+    assert list(out.iterdir()) == [], list(out.iterdir())
