@@ -15,15 +15,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).parent.parent
 SCRIPT,BIN = ROOT/'tests'/'ft_train.py',Path(sys.executable).parent
-
-def tail(out, name, n=4):
-    f = out/name
-    if not f.exists(): return []
-    with open(f, 'rb') as fh:
-        fh.seek(max(fh.seek(0, 2) - 1000*n, 0))
-        return [json.loads(l) for l in fh.read().decode().splitlines()[1:] if l.endswith('}')][-n:]
-
-def records(out, name): return [json.loads(l) for l in (out/name).read_text().splitlines() if l.endswith('}')]
+sys.path.insert(0, str(ROOT/'tests'))
+from test_fault_tolerance import log_tail as tail, log_records as records  # the replicas' logs, as the tests read them
 
 def step_time(recs):
     "The median seconds between one process's consecutive steps"

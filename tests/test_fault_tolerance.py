@@ -10,6 +10,19 @@ from ddp_safe_fastai.manifest import why_incomplete
 LAUNCHER = Path(sys.executable).parent/'ddp-safe-ft'  # the console script `pip install` makes
 SCRIPT = Path(__file__).parent/'ft_train.py'
 
+def log_tail(out, name, n=4):
+    "The last `n` steps a replica logged in `out/name`, read from the end of its log"
+    f = out/name
+    if not f.exists(): return []
+    with open(f, 'rb') as fh:
+        fh.seek(max(fh.seek(0, 2) - 1000*n, 0))
+        return [json.loads(l) for l in fh.read().decode().splitlines()[1:] if l.endswith('}')][-n:]
+
+def log_records(out, name):
+    "Every step a replica logged in `out/name`, every start of it in turn"
+    f = out/name
+    return [json.loads(l) for l in f.read_text().splitlines() if l.endswith('}')] if f.exists() else []
+
 class Run:
     "`ddp-safe-ft --groups G --nproc-per-group P ft_train.py OUT EPOCHS`, started; its replicas' logs as they grow"
     def __init__(self, tmp_path, groups, nproc=1, epochs=2, flags=(), **env):
@@ -20,18 +33,8 @@ class Run:
                                    *flags, str(SCRIPT), str(self.out), str(epochs)], env=env, stdout=open(tmp_path/'launcher.out', 'w'), stderr=subprocess.STDOUT)
         self.said = tmp_path/'launcher.out'
 
-    def records(self, group, rank=0):
-        "The committed steps replica `group`'s rank `rank` logged, every start of it in turn"
-        f = self.out/f'log{group}_{rank}.jsonl'
-        return [json.loads(l) for l in f.read_text().splitlines() if l.endswith('}')] if f.exists() else []
-
-    def tail(self, group, n=4):
-        "The last `n` steps replica `group`'s rank 0 logged, read from the end of its log"
-        f = self.out/f'log{group}_0.jsonl'
-        if not f.exists(): return []
-        with open(f, 'rb') as fh:
-            fh.seek(max(fh.seek(0, 2) - 1000*n, 0))
-            return [json.loads(l) for l in fh.read().decode().splitlines()[1:] if l.endswith('}')][-n:]
+    def records(self, group, rank=0): return log_records(self.out, f'log{group}_{rank}.jsonl')
+    def tail(self, group, n=4): return log_tail(self.out, f'log{group}_0.jsonl', n)
 
     def last(self, group):
         r = self.tail(group, 1)
