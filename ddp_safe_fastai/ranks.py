@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_ranks.ipynb #007cbaa3
 from __future__ import annotations
-import os, threading
+import os, threading, weakref
 from contextlib import contextmanager
 import torch.distributed as dist
 
@@ -51,15 +51,15 @@ def launched_world():
 class RunGroup:
     "This process among the run's: the process group it last met through (its rank, size and store, kept after the group ends), and whether it acts alone"
     def __init__(self):
-        self.key,self.rank,self.size,self.store,self.formed,self.seen = None,0,0,None,0,0
+        self.pg,self.rank,self.size,self.store,self.formed,self.seen = None,0,0,None,0,0
         self.own_store,self.lock,self.alone,self.topologies = None,threading.Lock(),False,{}
         self.replicas,self.replica,self.writes = 1,0,True  # torchft's replica groups: how many, this one, does it write
 
     def note(self):
         "Remember the process group initialised now (once per group)"
         pg = dist.distributed_c10d._get_default_group()
-        if id(pg) == self.key: return
-        self.key,self.rank,self.size = id(pg),dist.get_rank(),dist.get_world_size()
+        if self.pg is not None and self.pg() is pg: return  # not its `id`: a new group often gets an ended one's
+        self.pg,self.rank,self.size = weakref.ref(pg),dist.get_rank(),dist.get_world_size()
         self.store = _base_store(dist.distributed_c10d._get_default_store())
         self.seen,self.own_store = self.seen+1,None  # `seen`: the same count on every rank, which names the group
 
@@ -82,7 +82,7 @@ class RunGroup:
 
     def learn_topology(self, hosts):
         "Keep the layout of the current group's ranks, from their hosts (see `Topology`)"
-        self.topologies.setdefault(self.key, Topology(hosts))
+        self.topologies.setdefault(self.seen, Topology(hosts))
 
 run_group = RunGroup()  # this process's
 

@@ -161,8 +161,8 @@ def all_gather_object(obj, # any picklable object, up to a store message (8 MiB)
 def topology():
     "The `Topology` of this run, known after any all-gather (each carries the hosts); else one all-gather of them"
     if run_group.group() is None: return Topology(['localhost']*max(num_distrib(), 1))
-    if run_group.key not in run_group.topologies: all_gather_object(None, 'topology')
-    return run_group.topologies[run_group.key]
+    if run_group.seen not in run_group.topologies: all_gather_object(None, 'topology')
+    return run_group.topologies[run_group.seen]
 
 # %% ../nbs/03_rendezvous.ipynb #45e6e9c1
 def node_rank_distrib():

@@ -9,6 +9,7 @@ from fastai.callback.progress import CSVLogger
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.testing import synth_learner, synth_text_learner
 from ddp_safe_fastai.learner import load_dataloaders
+from ddp_safe_fastai.ranks import run_group
 
 def digest(model):
     "A short hash of `model`'s weights"
@@ -61,3 +62,16 @@ def after_destroy(root, seed):
     with learn.distrib_ctx(): learn.fit(1, 0.1)
     dist.destroy_process_group()
     return dict(rank=rank_distrib(), after=save_and_load(learn, 'after'))
+
+def groups_one_after_another(root, seed, n=30):
+    "Under `mp.spawn`: a save and a load, then the user ends the process group, `n` times (each save forms one again)"
+    learn = synth_learner(path=Path(root), seed=seed)
+    loaded = []
+    for _ in range(n):
+        with torch.no_grad():
+            for p in learn.model.parameters(): p.add_(1)  # rank 0's weights of this round, unlike its last
+        own_weights(learn)
+        learn.save('again'); learn.load('again')
+        loaded.append(digest(learn.model))
+        dist.destroy_process_group()  # Python often gives the next group this one's `id`
+    return dict(rank=rank_distrib(), loaded=loaded, groups=run_group.seen)

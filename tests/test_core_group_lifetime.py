@@ -72,6 +72,12 @@ def test_after_user_ends_group(tmp_path):
         runs.append((r0, r1))
     assert runs[1][1]['after']['loaded'] != runs[0][1]['after']['loaded']
 
+def test_groups_formed_one_after_another(tmp_path):
+    "Under `mp.spawn`: 30 times a save and a load, then `destroy_process_group()`: every group is a new one on every rank"
+    r0,r1 = values(spawn_ranks(g.groups_one_after_another, str(tmp_path), 1, timeout=120, env=dict(DDP_SAFE_TIMEOUT='20')))
+    assert r0['groups'] == r1['groups'] == 30  # each rank noticed each new group (before: not one whose id was the last's)
+    assert r0['loaded'] == r1['loaded'] and len(set(r0['loaded'])) == 30  # each load is rank 0's save of that round
+
 @pytest.mark.parametrize('script', ['distrib_py', 'train_imagenette_py', 'train_imdbclassifier'])
 def test_fastai_script(script, tmp_path):
     "fastai's scripts for torchrun, on small data, then save, load, export and `load_learner` (by default) on every rank"
