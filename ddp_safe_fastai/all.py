@@ -6,9 +6,10 @@
 __all__ = []
 
 # %% ../nbs/99_all.ipynb #6d42282d
-from . import errors, ranks, store_gather, rendezvous, core, files, checksums, written, transport, fastai_imports, matching, background, directories, reads, persist, resume, train_state, checkpoint_dir, object_store, distributed, learner, loops, text, writers, patches, signals, callback, checkpoint, fault_tolerance
+from . import errors, ranks, replica_groups, store_gather, rendezvous, core, files, checksums, written, transport, fastai_imports, matching, background, directories, reads, persist, resume, train_state, checkpoint_dir, object_store, distributed, learner, loops, text, writers, patches, signals, callback, checkpoint, fault_tolerance
 from .errors import *
 from .ranks import *
+from .replica_groups import *
 from .store_gather import *
 from .rendezvous import *
 from .core import *
@@ -37,4 +38,4 @@ from .callback import *
 from .checkpoint import *
 from .fault_tolerance import *
 
-__all__ = list(dict.fromkeys(n for m in (errors, ranks, store_gather, rendezvous, core, files, checksums, written, transport, fastai_imports, matching, background, directories, reads, persist, resume, train_state, checkpoint_dir, object_store, distributed, learner, loops, text, writers, patches, signals, callback, checkpoint, fault_tolerance) for n in m.__all__))
+__all__ = list(dict.fromkeys(n for m in (errors, ranks, replica_groups, store_gather, rendezvous, core, files, checksums, written, transport, fastai_imports, matching, background, directories, reads, persist, resume, train_state, checkpoint_dir, object_store, distributed, learner, loops, text, writers, patches, signals, callback, checkpoint, fault_tolerance) for n in m.__all__))

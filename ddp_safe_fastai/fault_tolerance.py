@@ -4,14 +4,15 @@
 
 # %% ../nbs/49_fault_tolerance.ipynb #4f1a0c02
 from __future__ import annotations
-import os, socket, urllib.request, importlib.metadata
+import os, socket
 from datetime import timedelta
 import torch
 from fastcore.basics import store_attr
-from fastai.learner import Learner, CancelBackwardException, CancelBatchException, CancelStepException
+from fastai.learner import Learner, CancelBackwardException, CancelBatchException
 from fastai.callback.core import Callback
 from fastai.distributed import DistributedTrainer, DistributedDL
 from .errors import describe
+from .replica_groups import ReplicaSettings, replica_settings, check_lighthouse
 from .ranks import run_group, rank_distrib, num_distrib
 from .rendezvous import rank_device
 from .distributed import distrib_ctx_callbacks
@@ -22,61 +23,10 @@ from .train_state import (apply_state, capture_state, get_rng_state, set_rng_sta
 from .learner import model_device
 from .checkpoint import CheckpointCallback
 try: from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
-except ImportError: Manager = ProcessGroupGloo = ProcessGroupNCCL = None  # an optional extra: `check_torchft` says how to install it
+except ImportError: Manager = ProcessGroupGloo = ProcessGroupNCCL = None  # an optional extra: `check_lighthouse` says how to install it
 
 # %% auto #0
-__all__ = ['TORCHFT_VERSION', 'check_torchft', 'ReplicaSettings', 'replica_settings', 'lighthouse_answers', 'check_lighthouse',
-           'FaultTolerance', 'fault_tolerance_for']
-
-# %% ../nbs/49_fault_tolerance.ipynb #4f1a0c06
-TORCHFT_VERSION = '0.2.0'
-
-def check_torchft():
-    "The torchft version installed, if it is the one this library runs on (`TORCHFT_VERSION`); else an `ImportError` saying how to install it"
-    try: version = importlib.metadata.version('torchft')
-    except importlib.metadata.PackageNotFoundError:
-        raise ImportError(f"torchft is not installed: `pip install 'ddp_safe_fastai[ft]'` installs torchft=={TORCHFT_VERSION}") from None
-    if version != TORCHFT_VERSION:
-        raise ImportError(f"torchft {version} is installed; ddp_safe_fastai runs on torchft=={TORCHFT_VERSION}: `pip install 'ddp_safe_fastai[ft]'`")
-    return version
-
-# %% ../nbs/49_fault_tolerance.ipynb #4f1a0c09
-class ReplicaSettings:
-    "This process's replica group: `group` of `groups`, and the lighthouse's URL"
-    def __init__(self, group, groups, lighthouse): store_attr()
-    def __repr__(self): return f"replica group {self.group} of {self.groups} (lighthouse {self.lighthouse})"
-
-def _count(env, name, low, url):
-    "`env[name]`, a whole number at least `low`; else a `ValueError` naming it"
-    given = env.get(name)
-    try: n = int(given)
-    except (TypeError, ValueError): n = None
-    if n is None or n < low:
-        raise ValueError(f"{name}={given!r}: torchft's replica groups need it, a whole number, at least {low} (TORCHFT_LIGHTHOUSE={url!r} is set)")
-    return n
-
-def replica_settings(env=None): # default: `os.environ`
-    "`ReplicaSettings` from `REPLICA_GROUP_ID`, `NUM_REPLICA_GROUPS` and `TORCHFT_LIGHTHOUSE`; None without `TORCHFT_LIGHTHOUSE`"
-    env = os.environ if env is None else env
-    if not (url := env.get('TORCHFT_LIGHTHOUSE')): return None
-    groups,group = _count(env, 'NUM_REPLICA_GROUPS', 1, url),_count(env, 'REPLICA_GROUP_ID', 0, url)
-    if group >= groups: raise ValueError(f"REPLICA_GROUP_ID={group}: the groups are numbered from 0 to NUM_REPLICA_GROUPS-1 ({groups-1})")
-    return ReplicaSettings(group, groups, url)
-
-# %% ../nbs/49_fault_tolerance.ipynb #4f1a0c0d
-def lighthouse_answers(url, # the lighthouse, `http://host:port`
-                       timeout=0.5): # seconds
-    "Does a torchft lighthouse answer at `url` (its dashboard names torchft; no proxy between)?"
-    try:
-        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(url, timeout=timeout) as r: return b'torchft' in r.read(4096)
-    except (OSError, ValueError): return False
-
-def check_lighthouse(settings:ReplicaSettings):
-    "torchft of the pinned version, and a lighthouse at `settings.lighthouse`; else an error naming what is wrong"
-    check_torchft()
-    if not lighthouse_answers(settings.lighthouse, timeout=5):
-        raise ConnectionError(f"TORCHFT_LIGHTHOUSE={settings.lighthouse!r}: no torchft lighthouse answers there "
-                              "(start one with `torchft_lighthouse`, or launch the groups with `ddp-safe-ft`)")
+__all__ = ['FaultTolerance', 'fault_tolerance_for']
 
 # %% ../nbs/49_fault_tolerance.ipynb #4f1a0c10
 _FIT_STEPS = 2**40  # a fit's share of torchft's step count: replicas are ordered by fit, then by committed batch
@@ -130,7 +80,8 @@ class FaultTolerance(Callback):
         except Exception as e:
             raise ConnectionError(f"torchft's quorum failed after {self.quorum_retries} retries (TORCHFT_LIGHTHOUSE={self.settings.lighthouse!r}): {describe(e)}") from e
         was,run_group.writes = run_group.writes,self.manager.participating_rank() == 0
-        if run_group.writes and not was: written_files.forget()  # the files the groups that wrote meanwhile wrote are this run's
+        # the files the groups that wrote meanwhile wrote are this run's: meanwhile, this group wrote none, or was behind
+        if run_group.writes and (not was or self.healed): written_files.forget()
 
     def _join(self):
         "Put the Learner where the live peer whose state this group took was"
@@ -190,7 +141,7 @@ class FaultTolerance(Callback):
         if self.skip_to is not None: self.learn.yb = (); raise CancelBatchException
         if self.quorum_taken: self.quorum_taken = False; return
         self._quorum()
-        if self.healed: self._catch_up(); raise CancelBatchException
+        if self.healed: self._catch_up()
 
     def after_backward(self):
         "Average the gradients over the live groups"
@@ -201,39 +152,40 @@ class FaultTolerance(Callback):
         for g,avg in zip(grads, flat.split([g.numel() for g in grads])): g.copy_(avg.view_as(g))
 
     def _catch_up(self):
-        "This group fell behind its peers inside the epoch (they committed steps without it): it takes their state, and this batch and the next ones up to theirs end without a step"
+        "This group fell behind its peers inside the epoch (they committed steps without it): it takes their state; this batch and the next ones up to theirs end without a step, and theirs is trained under this quorum"
         sent,self.healed = self.healed,None
         state,rng = sent['state'],sent['rng']
         if sent['fit'] != self.fit_no or state['epoch'] != self.epoch or state['iter'] <= self.iter:
             self._fell_behind(f"at batch {self.iter} of epoch {self.epoch}, its peers at batch {state['iter']} of epoch {state['epoch']} of fit {sent['fit']}")
         apply_state(self.learn, state, rng, what=f"replica group {self.settings.group} catches up")
         self.learn.train_iter -= state['iter'] - self.iter  # fastai counts this batch and those up to theirs in `after_batch`
-        self.skip_to,self.skip_rng,run_group.writes = state['iter'],rng,False  # the peers made the saves those batches were due
+        self.skip_to,self.skip_rng,self.skip_writes,run_group.writes = state['iter'],rng,run_group.writes,False  # the peers made the saves those batches were due
+        self.quorum_taken = True  # the peers' all-reduce of their batch waits for this group's: no other quorum before it
         self.learn.yb = ()  # the `Recorder` has those batches from the state: it does not record them again
+        raise CancelBatchException
 
     def _train_again(self):
-        "The step was discarded: a new quorum, then the batch's forward and backward again, as fastai's `Learner._do_one_batch` runs them; True if the peers committed it"
+        "The step was discarded: a new quorum, then the batch's forward and backward again, as fastai's `Learner._do_one_batch` runs them"
         learn = self.learn
         learn.opt.zero_grad()
         self._quorum()
-        if self.healed: self._catch_up(); return True
+        if self.healed: self._catch_up()
         learn.pred = learn.model(*learn.xb); learn('after_pred')
         learn.loss_grad = learn.loss_func(learn.pred, *learn.yb); learn.loss = learn.loss_grad.clone(); learn('after_loss')
         learn._with_events(learn._backward, 'backward', CancelBackwardException)
-        return False
 
     def before_step(self):
         "Step only once every live group's all-reduce succeeded; until then, train the batch again"
         while not self.manager.should_commit():
             self.discarded += 1
-            if self._train_again(): raise CancelStepException
+            self._train_again()
 
     def after_batch(self):
         "A committed step: the next batch's place, the random states it starts from, and the shares of the groups that were not there"
         if not self.training: return
         if self.skip_to is not None:
             if self.iter + 1 < self.skip_to: return
-            set_rng_state(self.skip_rng); self.skip_to = None  # caught up: the next batch is drawn as the peers drew theirs
+            set_rng_state(self.skip_rng); self.skip_to,run_group.writes = None,self.skip_writes  # caught up: the next batch is drawn as the peers drew theirs
         self.next_at,self.rng = (self.epoch, self.iter+1),get_rng_state()
         self.left_out += (self.settings.groups - self.manager.num_participants()) * max(num_distrib(), 1)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os, sys, time, shutil, signal, argparse, subprocess
 from pathlib import Path
 from .launch import free_port, kill_tree
-from .fault_tolerance import check_torchft, lighthouse_answers
+from .replica_groups import check_torchft, lighthouse_answers
 
 # %% auto #0
 __all__ = ['Lighthouse', 'ReplicaGroup', 'launch_groups', 'main']

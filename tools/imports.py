@@ -10,7 +10,7 @@ from pathlib import Path
 
 # bottom first: a module imports modules of its own layer or of those below, never of one above
 LAYERS = [
-    ('ranks: who this process is, and all-gathers with a timeout', ['errors', 'ranks', 'store_gather', 'rendezvous', 'core']),
+    ('ranks: who this process is, and all-gathers with a timeout', ['errors', 'ranks', 'replica_groups', 'store_gather', 'rendezvous', 'core']),
     ('files: one file written whole, by one process', ['locations', 'files', 'checksums', 'written', 'fastai_imports']),
     ('transport: files to and from object storage', ['transport']),
     ('the save and load protocol', ['matching', 'background', 'directories', 'reads', 'persist', 'export_reader', 'unpickle_policy', 'safe_unpickle']),
