@@ -68,7 +68,7 @@ class FaultTolerance(Callback):
                 try: state = capture_state(learn, self.fit_no, self.epoch_dl_rng, self.done + [(world_size(), iter - self.segment_start)], losses=self.losses)
                 finally: learn.epoch,learn.iter = was
             rng = self.rng
-        return dict(fit=self.fit_no, groups=self.settings.groups, state=state, rng=rng)
+        return dict(fit=self.fit_no, state=state, rng=rng)
 
     def _take_state(self, sent):
         "torchft hands this group a live peer's state (it was behind): kept, and applied where the callback can"
@@ -86,9 +86,7 @@ class FaultTolerance(Callback):
     def _join(self):
         "Put the Learner where the live peer whose state this group took was"
         sent,self.healed = self.healed,None
-        s = self.settings
-        if sent['groups'] != s.groups:
-            raise ValueError(f"NUM_REPLICA_GROUPS={s.groups}: the live groups were started with NUM_REPLICA_GROUPS={sent['groups']}; start every group with the same")
+        s = self.settings  # a `NUM_REPLICA_GROUPS` unlike the peers' is found by every group at the first all-reduce (`_check_groups`)
         if sent['fit'] != self.fit_no:
             raise RuntimeError(f"replica group {s.group} is at fit {self.fit_no} of the script, its live peers at fit {sent['fit']}: "
                                "with a `CheckpointCallback`, a group started again skips the fits its checkpoint says were done")
@@ -144,12 +142,20 @@ class FaultTolerance(Callback):
         if self.healed: self._catch_up()
 
     def after_backward(self):
-        "Average the gradients over the live groups"
+        "Average the gradients over the live groups; with them, each group's `NUM_REPLICA_GROUPS` and its square, which agree only if every group's is the same"
         grads = [p.grad for p in self.learn.model.parameters() if p.grad is not None]
         if not grads: return
-        flat = torch.cat([g.reshape(-1) for g in grads])
+        n,dtype = self.settings.groups,torch.promote_types(grads[0].dtype, torch.float32)  # whole numbers, exact in float32
+        flat = torch.cat([*(g.reshape(-1).to(dtype) for g in grads), grads[0].new_tensor([n, n*n], dtype=dtype)])
         self.manager.allreduce(flat).wait()
-        for g,avg in zip(grads, flat.split([g.numel() for g in grads])): g.copy_(avg.view_as(g))
+        if self.manager.errored() is None: self._check_groups(*flat[-2:].tolist())  # else the step is discarded: the values may be half-reduced
+        for g,avg in zip(grads, flat[:-2].split([g.numel() for g in grads])): g.copy_(avg.view_as(g))
+
+    def _check_groups(self, mean, mean_square):
+        "The groups' `NUM_REPLICA_GROUPS` all alike (their variance is 0), or an error on every rank of every live group, before the step"
+        if abs(mean_square - mean*mean) > 1e-3:
+            raise ValueError(f"NUM_REPLICA_GROUPS={self.settings.groups}: the live replica groups were started with different NUM_REPLICA_GROUPS "
+                             f"(their mean is {mean:g}); start every group with the same")
 
     def _catch_up(self):
         "This group fell behind its peers inside the epoch (they committed steps without it): it takes their state; this batch and the next ones up to theirs end without a step, and theirs is trained under this quorum"

@@ -184,16 +184,55 @@ def test_lighthouse_killed_and_started_again(tmp_path):
     logs,_ = check_replicas(run)
     assert all(len(pids(recs)) == 1 for recs in logs.values()), {who: pids(recs) for who,recs in logs.items()}
 
-@pytest.mark.parametrize('setting,env', [
-    ('TORCHFT_LIGHTHOUSE', dict(REPLICA_GROUP_ID='0', NUM_REPLICA_GROUPS='2')),  # nothing listens there
-    ('REPLICA_GROUP_ID=2', dict(REPLICA_GROUP_ID='2', NUM_REPLICA_GROUPS='2'))])
-def test_bad_settings_fail_on_every_rank(tmp_path, setting, env):
-    "A group of two ranks started with a lighthouse nowhere, or a group number out of range: one error on each rank naming the setting, nothing written"
+def fails_on_every_rank(tmp_path, said, **env):
+    "A group of two ranks under torchrun, with `env`: it fails, each rank's error says `said`, and the output folder stays empty"
     from ddp_safe_fastai.launch import free_port
     out = tmp_path/'out'; out.mkdir()
     env = dict(os.environ, TORCHFT_LIGHTHOUSE=f'http://127.0.0.1:{free_port()}', CKPT='1', BEST='1', **env)
     r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2', str(SCRIPT), str(out), '1'],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
-    for rank in (0, 1): assert any(l.startswith(f'[rank{rank}]') and setting in l for l in r.stderr.splitlines()), r.stderr[-3000:]
+    for rank in (0, 1): assert any(l.startswith(f'[rank{rank}]') and said in l for l in r.stderr.splitlines()), r.stderr[-3000:]
     assert list(out.iterdir()) == [], list(out.iterdir())
+
+@pytest.mark.parametrize('setting,env', [
+    ('TORCHFT_LIGHTHOUSE', dict(REPLICA_GROUP_ID='0', NUM_REPLICA_GROUPS='2')),  # nothing listens there
+    ('REPLICA_GROUP_ID=2', dict(REPLICA_GROUP_ID='2', NUM_REPLICA_GROUPS='2'))])
+def test_bad_settings_fail_on_every_rank(tmp_path, setting, env):
+    "A group of two ranks started with a lighthouse nowhere, or a group number out of range: one error on each rank naming the setting, nothing written"
+    fails_on_every_rank(tmp_path, setting, **env)
+
+def test_torchft_of_another_version_fails_on_every_rank(tmp_path):
+    "torchft 0.1.9 where the script looks first (its metadata ahead on the path): one error on each rank naming both versions and the install, nothing written"
+    meta = tmp_path/'site'/'torchft-0.1.9.dist-info'; meta.mkdir(parents=True)
+    (meta/'METADATA').write_text('Metadata-Version: 2.1\nName: torchft\nVersion: 0.1.9\n')
+    path = os.pathsep.join([str(tmp_path/'site'), *filter(None, [os.environ.get('PYTHONPATH')])])
+    fails_on_every_rank(tmp_path, "torchft 0.1.9 is installed; ddp_safe_fastai runs on torchft==0.2.0: `pip install 'ddp_safe_fastai[ft]'`",
+                        REPLICA_GROUP_ID='0', NUM_REPLICA_GROUPS='2', PYTHONPATH=path)
+
+def test_groups_of_different_counts_fail_together(tmp_path):
+    """Two groups started by hand, as torchft documents (a lighthouse, then each group's `torchrun`), one with
+    `NUM_REPLICA_GROUPS=2` and one with 3: every rank of both groups raises one error naming the setting, at their first
+    all-reduce, before any step, and no checkpoint is written"""
+    from torchft.coordination import LighthouseServer
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)  # the first quorum waits for both
+    out,procs = tmp_path/'out',[]
+    try:
+        url = f"http://127.0.0.1:{lighthouse.address().rsplit(':', 1)[1]}"
+        for g,n in ((0, 2), (1, 3)):
+            env = dict(os.environ, TORCHFT_LIGHTHOUSE=url, REPLICA_GROUP_ID=str(g), NUM_REPLICA_GROUPS=str(n), CKPT='1', RUST_LOG='warn')
+            procs.append(subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2', str(SCRIPT), str(out), '1'],
+                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True))
+        said = []
+        for g,p in enumerate(procs):
+            try: said.append(p.communicate(timeout=120)[1])
+            except subprocess.TimeoutExpired: pytest.fail(f"replica group {g} still runs after 120 s")
+    finally:
+        for p in procs: kill_tree(p.pid)
+        lighthouse.shutdown()
+    for g,(p,err) in enumerate(zip(procs, said)):
+        assert p.returncode != 0, (g, err[-3000:])
+        for rank in (0, 1):
+            assert any(l.startswith(f'[rank{rank}]') and f"NUM_REPLICA_GROUPS={2+g}: the live replica groups were started with different" in l
+                       for l in err.splitlines()), (g, rank, err[-3000:])
+    assert not list(out.glob('models/**/manifest.json')) and not list(out.glob('log*.jsonl'))  # no checkpoint, no committed step
