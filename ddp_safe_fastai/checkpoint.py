@@ -271,11 +271,17 @@ class CheckpointCallback(CallbackStorage, Callback):
         epoch,it,rng = self.completed
         if self.stepped or epoch != self.epoch: # a step of an unfinished batch, or no batch of this epoch, is in the state
             return _say(f"the fit raised {describe(e)}, at no batch's end: no checkpoint of it")
-        self.learn.epoch,self.learn.iter = epoch,it  # as it was after that batch (validation may have moved `iter`)
-        try: self._checkpoint('durable', within=True, rng=rng, timeout=_exception_meeting)
+        try: self.checkpoint_batch(epoch, it, rng, timeout=_exception_meeting)
         except Exception as failed:
             return print(f"CheckpointCallback: the fit raised {describe(e)}; no checkpoint of it on rank {rank_distrib()}: {describe(failed)}", flush=True)
         _say(f"the fit raised {describe(e)}: every rank checkpointed batch {it+1} of epoch {epoch}; run again to resume from it")
+
+    def checkpoint_batch(self, epoch, iter, # the last training batch done, of this epoch: no step of another batch since
+                         rng, # the random states that batch left on this rank
+                         timeout=None): # seconds to wait for the other ranks
+        "A checkpoint of the state after batch `iter` of `epoch`, once the fit has moved past it (an exception, torchft's lighthouse gone)"
+        self.learn.epoch,self.learn.iter = epoch,iter  # as it was after that batch (validation may have moved `iter`)
+        self._checkpoint('durable', within=True, rng=rng, timeout=timeout)
 
     def after_fit(self):
         "The tiers finish: the background writes and the uploads done, the memory checkpoints removed"

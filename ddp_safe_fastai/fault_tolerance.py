@@ -29,6 +29,13 @@ except ImportError: Manager = ProcessGroupGloo = ProcessGroupNCCL = None  # an o
 __all__ = ['FaultTolerance', 'fault_tolerance_for']
 
 # %% ../nbs/49_fault_tolerance.ipynb #4f1a0c10
+def _quorum_retries():
+    "torchft's `TORCHFT_QUORUM_RETRIES` if set (a whole number, at least 0), else 30"
+    given = os.environ.get('TORCHFT_QUORUM_RETRIES')
+    if given is None: return 30
+    if not given.strip().isdigit(): raise ValueError(f"TORCHFT_QUORUM_RETRIES={given!r}: a whole number of tries, at least 0")
+    return int(given)
+
 _FIT_STEPS = 2**40  # a fit's share of torchft's step count: replicas are ordered by fit, then by committed batch
 
 class FaultTolerance(Callback):
@@ -38,10 +45,11 @@ class FaultTolerance(Callback):
     def __init__(self, settings:ReplicaSettings|None=None, # default: from the environment (`replica_settings`)
                  timeout=30, # seconds a collective, a commit or a state transfer between groups may take (a hung group holds the others this long)
                  quorum_timeout=60, # seconds to wait for a quorum
-                 quorum_retries=30): # torchft's tries of a quorum before the fit raises: a lighthouse started again meanwhile is found again
+                 quorum_retries=None): # torchft's tries of a quorum before the fit raises (default: `TORCHFT_QUORUM_RETRIES`, else 30): a lighthouse started again meanwhile is found again
         self.settings = settings or replica_settings()
         if self.settings is None: raise ValueError("FaultTolerance: TORCHFT_LIGHTHOUSE is not set: launch each replica group as torchft documents, or with `ddp-safe-ft`")
-        store_attr('timeout,quorum_timeout,quorum_retries')
+        store_attr('timeout,quorum_timeout')
+        self.quorum_retries = _quorum_retries() if quorum_retries is None else quorum_retries
         self.fit_no,self.discarded,self.left_out = -1,0,0
         self._init_state()
 
@@ -78,10 +86,20 @@ class FaultTolerance(Callback):
         "A quorum of the live groups for the next step; then this group writes if it is the lowest live one"
         try: self.manager.start_quorum()
         except Exception as e:
-            raise ConnectionError(f"torchft's quorum failed after {self.quorum_retries} retries (TORCHFT_LIGHTHOUSE={self.settings.lighthouse!r}): {describe(e)}") from e
+            saved = self._checkpoint_last_step()
+            raise ConnectionError(f"torchft's quorum failed after {self.quorum_retries} retries (TORCHFT_LIGHTHOUSE={self.settings.lighthouse!r}): {describe(e)}"
+                                  + (f"; {saved} is checkpointed: run again to resume from it" if saved else '')) from e
         was,run_group.writes = run_group.writes,self.manager.participating_rank() == 0
         # the files the groups that wrote meanwhile wrote are this run's: meanwhile, this group wrote none, or was behind
         if run_group.writes and (not was or self.healed): written_files.forget()
+
+    def _checkpoint_last_step(self):
+        "The lighthouse is gone: the writer checkpoints the last committed batch of this epoch before every rank raises; which one, in words (None if none)"
+        epoch,iter = self.next_at
+        if self.checkpoint is None or self.checkpoint.on_exception or iter == 0 or epoch != self.epoch or self.skip_to is not None: return None
+        self.checkpoint.checkpoint_batch(epoch, iter-1, self.rng)  # `on_exception=True` takes the same checkpoint itself as the fit raises
+        flush_saves()
+        return f"batch {iter} of epoch {epoch}"
 
     def _join(self):
         "Put the Learner where the live peer whose state this group took was"

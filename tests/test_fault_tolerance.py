@@ -236,3 +236,39 @@ def test_groups_of_different_counts_fail_together(tmp_path):
             assert any(l.startswith(f'[rank{rank}]') and f"NUM_REPLICA_GROUPS={2+g}: the live replica groups were started with different" in l
                        for l in err.splitlines()), (g, rank, err[-3000:])
     assert not list(out.glob('models/**/manifest.json')) and not list(out.glob('log*.jsonl'))  # no checkpoint, no committed step
+
+def test_lighthouse_gone_for_good(tmp_path):
+    """Two groups started by hand with a lighthouse of the test's own, which is shut down mid-epoch and never comes back:
+    every rank of both groups raises one error naming `TORCHFT_LIGHTHOUSE`, after the writer checkpointed the last
+    committed batch; the checkpoint is whole, and it is that batch's"""
+    from ddp_safe_fastai.ft_launch import Lighthouse
+    lighthouse = Lighthouse(join_timeout_ms=2000).start()  # torchft's `torchft_lighthouse`, as a cluster runs it; a quorum waits 2 s for a late group
+    out,procs,url = tmp_path/'out',[],lighthouse.url
+    out.mkdir()
+    try:
+        for g in (0, 1):
+            env = dict(os.environ, TORCHFT_LIGHTHOUSE=url, REPLICA_GROUP_ID=str(g), NUM_REPLICA_GROUPS='2', CKPT='1', N='4800', STEP_PAUSE='0.05', RUST_LOG='warn',
+                       TORCHFT_QUORUM_RETRIES='2', TORCHFT_QUORUM_TIMEOUT_SEC='4')  # torchft's settings: 3 tries of 4 s, not the library's 31 of 60 s
+            procs.append(subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '1', str(SCRIPT), str(out), '2'],
+                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True))
+        deadline = time.monotonic() + 120
+        while not all(len(log_tail(out, f'log{g}_0.jsonl')) >= 4 and log_tail(out, f'log{g}_0.jsonl')[-1]['iter'] >= 25 for g in (0, 1)):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                f"the groups did not train 25 batches together: {[p.poll() is None or p.stderr.read()[-3000:] for p in procs]}"
+            time.sleep(0.1)
+        lighthouse.stop()
+        said = []
+        for g,p in enumerate(procs):
+            try: said.append(p.communicate(timeout=240)[1])
+            except subprocess.TimeoutExpired: pytest.fail(f"replica group {g} still runs 240 s after its lighthouse ended")
+    finally:
+        for p in procs: kill_tree(p.pid)
+        lighthouse.stop()
+    last = log_records(out, 'log0_0.jsonl')[-1]  # the writer's last committed batch
+    for g,(p,err) in enumerate(zip(procs, said)):
+        assert p.returncode != 0 and log_records(out, f'log{g}_0.jsonl')[-1]['step'] == last['step'], (g, err[-3000:])
+        assert any(l.startswith('[rank0]') and f"TORCHFT_LIGHTHOUSE='{url}'" in l for l in err.splitlines()), (g, err[-3000:])
+        assert f"batch {last['iter']+1} of epoch 0 is checkpointed: run again to resume from it" in err, (g, err[-3000:])
+    ckpt = out/'models'/'ckpt'
+    newest = (ckpt/'latest').read_text()
+    assert newest == f"epoch_0000_iter_{last['iter']+1:06d}" and why_incomplete(ckpt/newest) is None, (newest, last)
