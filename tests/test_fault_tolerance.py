@@ -210,26 +210,32 @@ def test_torchft_of_another_version_fails_on_every_rank(tmp_path):
     fails_on_every_rank(tmp_path, "torchft 0.1.9 is installed; ddp_safe_fastai runs on torchft==0.2.0: `pip install 'ddp_safe_fastai[ft]'`",
                         REPLICA_GROUP_ID='0', NUM_REPLICA_GROUPS='2', PYTHONPATH=path)
 
+def groups_by_hand(out, url, counts, nproc, epochs, **env):
+    "Replica group `g` with `NUM_REPLICA_GROUPS=counts[g]`, for each `g`: its own `torchrun` of `nproc` ranks, as torchft documents; started"
+    return [subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', str(nproc), str(SCRIPT), str(out), str(epochs)],
+                             env=dict(os.environ, TORCHFT_LIGHTHOUSE=url, REPLICA_GROUP_ID=str(g), NUM_REPLICA_GROUPS=str(n), CKPT='1', RUST_LOG='warn', **env),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True) for g,n in enumerate(counts)]
+
+def their_errors(procs, timeout, after):
+    "Each group's standard error, once it ended; a failure naming a group still running `timeout` s `after` what the test did"
+    said = []
+    for g,p in enumerate(procs):
+        try: said.append(p.communicate(timeout=timeout)[1])
+        except subprocess.TimeoutExpired: pytest.fail(f"replica group {g} still runs {timeout} s {after}")
+    return said
+
 def test_groups_of_different_counts_fail_together(tmp_path):
     """Two groups started by hand, as torchft documents (a lighthouse, then each group's `torchrun`), one with
     `NUM_REPLICA_GROUPS=2` and one with 3: every rank of both groups raises one error naming the setting, at their first
     all-reduce, before any step, and no checkpoint is written"""
-    from torchft.coordination import LighthouseServer
-    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2)  # the first quorum waits for both
+    from ddp_safe_fastai.ft_launch import Lighthouse
     out,procs = tmp_path/'out',[]
-    try:
-        url = f"http://127.0.0.1:{lighthouse.address().rsplit(':', 1)[1]}"
-        for g,n in ((0, 2), (1, 3)):
-            env = dict(os.environ, TORCHFT_LIGHTHOUSE=url, REPLICA_GROUP_ID=str(g), NUM_REPLICA_GROUPS=str(n), CKPT='1', RUST_LOG='warn')
-            procs.append(subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2', str(SCRIPT), str(out), '1'],
-                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True))
-        said = []
-        for g,p in enumerate(procs):
-            try: said.append(p.communicate(timeout=120)[1])
-            except subprocess.TimeoutExpired: pytest.fail(f"replica group {g} still runs after 120 s")
-    finally:
-        for p in procs: kill_tree(p.pid)
-        lighthouse.shutdown()
+    with Lighthouse(min_replicas=2) as lighthouse:  # torchft's `torchft_lighthouse`; the first quorum waits for both
+        try:
+            procs = groups_by_hand(out, lighthouse.url, (2, 3), nproc=2, epochs=1)
+            said = their_errors(procs, 120, "after it started")
+        finally:
+            for p in procs: kill_tree(p.pid)
     for g,(p,err) in enumerate(zip(procs, said)):
         assert p.returncode != 0, (g, err[-3000:])
         for rank in (0, 1):
@@ -238,29 +244,22 @@ def test_groups_of_different_counts_fail_together(tmp_path):
     assert not list(out.glob('models/**/manifest.json')) and not list(out.glob('log*.jsonl'))  # no checkpoint, no committed step
 
 def test_lighthouse_gone_for_good(tmp_path):
-    """Two groups started by hand with a lighthouse of the test's own, which is shut down mid-epoch and never comes back:
+    """Two groups started by hand with a lighthouse of the test's own, which is stopped mid-epoch and never comes back:
     every rank of both groups raises one error naming `TORCHFT_LIGHTHOUSE`, after the writer checkpointed the last
     committed batch; the checkpoint is whole, and it is that batch's"""
     from ddp_safe_fastai.ft_launch import Lighthouse
-    lighthouse = Lighthouse(join_timeout_ms=2000).start()  # torchft's `torchft_lighthouse`, as a cluster runs it; a quorum waits 2 s for a late group
+    lighthouse = Lighthouse(join_timeout_ms=2000).start()  # a quorum waits 2 s for a late group
     out,procs,url = tmp_path/'out',[],lighthouse.url
     out.mkdir()
-    try:
-        for g in (0, 1):
-            env = dict(os.environ, TORCHFT_LIGHTHOUSE=url, REPLICA_GROUP_ID=str(g), NUM_REPLICA_GROUPS='2', CKPT='1', N='4800', STEP_PAUSE='0.05', RUST_LOG='warn',
-                       TORCHFT_QUORUM_RETRIES='2', TORCHFT_QUORUM_TIMEOUT_SEC='4')  # torchft's settings: 3 tries of 4 s, not the library's 31 of 60 s
-            procs.append(subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '1', str(SCRIPT), str(out), '2'],
-                                          env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True))
+    try:  # torchft's own settings: 3 tries of a quorum, of 4 s each, not the library's 31 of 60 s
+        procs = groups_by_hand(out, url, (2, 2), nproc=1, epochs=2, N='4800', STEP_PAUSE='0.05', TORCHFT_QUORUM_RETRIES='2', TORCHFT_QUORUM_TIMEOUT_SEC='4')
         deadline = time.monotonic() + 120
         while not all(len(log_tail(out, f'log{g}_0.jsonl')) >= 4 and log_tail(out, f'log{g}_0.jsonl')[-1]['iter'] >= 25 for g in (0, 1)):
             assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
                 f"the groups did not train 25 batches together: {[p.poll() is None or p.stderr.read()[-3000:] for p in procs]}"
             time.sleep(0.1)
         lighthouse.stop()
-        said = []
-        for g,p in enumerate(procs):
-            try: said.append(p.communicate(timeout=240)[1])
-            except subprocess.TimeoutExpired: pytest.fail(f"replica group {g} still runs 240 s after its lighthouse ended")
+        said = their_errors(procs, 240, "after its lighthouse ended")
     finally:
         for p in procs: kill_tree(p.pid)
         lighthouse.stop()
