@@ -29,10 +29,10 @@ except ImportError: Manager = ProcessGroupGloo = ProcessGroupNCCL = None  # an o
 __all__ = ['FaultTolerance', 'fault_tolerance_for']
 
 # %% ../nbs/49_fault_tolerance.ipynb #4f1a0c10
-def _quorum_retries():
-    "torchft's `TORCHFT_QUORUM_RETRIES` if set (a whole number, at least 0), else 30"
+def _quorum_retries(asked):
+    "The tries of a quorum torchft makes: its `TORCHFT_QUORUM_RETRIES` when set (a whole number, at least 0), which it puts before `asked`"
     given = os.environ.get('TORCHFT_QUORUM_RETRIES')
-    if given is None: return 30
+    if given is None: return asked
     if not given.strip().isdigit(): raise ValueError(f"TORCHFT_QUORUM_RETRIES={given!r}: a whole number of tries, at least 0")
     return int(given)
 
@@ -45,11 +45,11 @@ class FaultTolerance(Callback):
     def __init__(self, settings:ReplicaSettings|None=None, # default: from the environment (`replica_settings`)
                  timeout=30, # seconds a collective, a commit or a state transfer between groups may take (a hung group holds the others this long)
                  quorum_timeout=60, # seconds to wait for a quorum
-                 quorum_retries=None): # torchft's tries of a quorum before the fit raises (default: `TORCHFT_QUORUM_RETRIES`, else 30): a lighthouse started again meanwhile is found again
+                 quorum_retries=30): # torchft's tries of a quorum before the fit raises (`TORCHFT_QUORUM_RETRIES`, when set, goes first): a lighthouse started again meanwhile is found again
         self.settings = settings or replica_settings()
         if self.settings is None: raise ValueError("FaultTolerance: TORCHFT_LIGHTHOUSE is not set: launch each replica group as torchft documents, or with `ddp-safe-ft`")
         store_attr('timeout,quorum_timeout')
-        self.quorum_retries = _quorum_retries() if quorum_retries is None else quorum_retries
+        self.quorum_retries = _quorum_retries(quorum_retries)  # as torchft counts them: the error says how many
         self.fit_no,self.discarded,self.left_out = -1,0,0
         self._init_state()
 
