@@ -11,7 +11,7 @@ from .errors import UnsafeExportError
 
 # %% auto #0
 __all__ = ['Node', 'Global', 'Made', 'Call', 'New', 'Container', 'PersistentId', 'Limits', 'PickleTree', 'read_pickle',
-           'ExportData', 'storage_sizes', 'export_format', 'read_export']
+           'in_words', 'ExportData', 'storage_sizes', 'export_format', 'read_export']
 
 # %% ../nbs/14b_export_reader.ipynb #bb13fa3c
 class Node:
@@ -51,20 +51,23 @@ class PersistentId(Node):
 # %% ../nbs/14b_export_reader.ipynb #831c092f
 @dataclass(frozen=True)
 class Limits:
-    "What one pickle may make: objects, containers and calls (`objects`, each a hundred bytes or so of this process's memory), nesting of marks (`marks`)"
+    "What one pickle may make: objects, containers and calls (`objects`, each a hundred bytes or so of this process's memory), nesting of marks (`marks`), and integers at most `integer` from 0 (Python's hash of an integer repeats beyond 2**61 - 2, so a dict keyed by larger ones takes time quadratic in its size)"
     objects: int = 1_000_000
     marks: int = 100_000
+    integer: int = 2**61 - 2
 
 @dataclass
 class PickleTree:
-    "A pickle read as data: its `root`, the `globals` it names in order, the calls it makes and drops (`effects`: cloudpickle sets a function's state so), its length in bytes (`end`: where `STOP` was)"
+    "A pickle read as data: its `root`, the `globals` it names in order, the calls it makes and drops (`effects`: cloudpickle sets a function's state so), its length in bytes (`end`: where `STOP` was), and `order`: each node it makes, in the order it makes them, and where an opcode adds to one (`APPEND`, `SETITEM`, `BUILD`), that node and how many items, pairs and states it holds then"
     root: object
     globals: list = field(default_factory=list)
     effects: list = field(default_factory=list)
     end: int = 0
     where: str = 'the pickle'
+    order: list = field(default_factory=list)
 
 # %% ../nbs/14b_export_reader.ipynb #54428cb2
+_LEGACY_MAGIC = 0x1950a86a20f9469cfc6c  # torch.serialization's MAGIC_NUMBER, the first pickle of its older format
 _TORCH_RENAMED = {'torch.tensor': 'torch._tensor'}  # what torch's loader renames (torch.serialization's `load_module_mapping`)
 
 def _global(module, name, proto, at):
@@ -91,7 +94,7 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
                 limits=Limits()): # what it may make
     "The pickle in `data` from `start`, read as data: a `PickleTree`. Nothing is imported, called or built; an opcode this reading does not know, a stack that does not fit its opcode or a pickle over its `limits` is an `UnsafeExportError` naming where"
     data = bytes(data) if not isinstance(data, bytes) else data
-    stack,marks,memo,found,proto,dropped,count = [],[],{},[],0,[],0
+    stack,marks,memo,found,proto,dropped,count,order = [],[],{},[],0,[],0,[]
     pos,n = start,len(data)
     unpack = struct.unpack_from
     def pop_mark():
@@ -107,20 +110,21 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
         if k < 0 or pos + k > n: _refuse(f"{name} of {k} bytes past the end of the file", at, where)
         pos += k
         return data[pos - k:pos]
+    def new(node):  # made in this order
+        order.append(node); return node
+    def added(target):  # what it holds so far, in this order
+        order.append((target, len(target.items), len(target.pairs), len(target.states)) if isinstance(target, Made) else (target, len(target.items), 0, 0))
+    def integer(v):  # an integer within the limit (or torch's older format's magic number, a pickle of its own)
+        if not -limits.integer <= v <= limits.integer and v != _LEGACY_MAGIC: _refuse(f"an integer of {v.bit_length()} bits: at most {limits.integer} from 0, beyond which Python's hashes of integers repeat (a dict keyed by them would take time quadratic in its size)", at, where)
+        return v
     def made(node):
         if not isinstance(node, (Made, Container)) or isinstance(node, Container) and node.kind in ('tuple', 'frozenset'):
-            _refuse(f"{name} on {_what(node)}, which it cannot change", at, where)
+            _refuse(f"{name} on {in_words(node)}, which it cannot change", at, where)
         return node
     while True:
         if pos >= n: _refuse("a pickle without its STOP", pos, where)
         at,op = pos,data[pos]; pos += 1
         # the commonest opcodes of an export first, as they are (the rest below, by name)
-        if op == 0x71:  # BINPUT
-            if pos >= n or not stack or marks and marks[-1] == len(stack): _refuse("BINPUT on an empty stack", at, where)
-            memo[data[pos]] = stack[-1]; pos += 1; continue
-        if op == 0x68:  # BINGET
-            if pos >= n or data[pos] not in memo: _refuse(f"BINGET of {data[pos] if pos < n else '?'}, which the memo does not hold", at, where)
-            stack.append(memo[data[pos]]); pos += 1; continue
         if op == 0x72 or op == 0x6a:  # LONG_BINPUT, LONG_BINGET
             if pos + 4 > n: _refuse("an opcode past the end of the file", at, where)
             key = unpack('<I', data, pos)[0]; pos += 4
@@ -130,9 +134,28 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
             if not stack or marks and marks[-1] == len(stack): _refuse("LONG_BINPUT on an empty stack", at, where)
             if len(memo) >= limits.objects and key not in memo: _refuse(f"more than {limits.objects} objects in its memo", at, where)
             memo[key] = stack[-1]; continue
+        if op == 0x71:  # BINPUT
+            if pos >= n or not stack or marks and marks[-1] == len(stack): _refuse("BINPUT on an empty stack", at, where)
+            memo[data[pos]] = stack[-1]; pos += 1; continue
+        if op == 0x68:  # BINGET
+            if pos >= n or data[pos] not in memo: _refuse(f"BINGET of {data[pos] if pos < n else '?'}, which the memo does not hold", at, where)
+            stack.append(memo[data[pos]]); pos += 1; continue
+        if op == 0x52:  # REDUCE
+            if len(stack) - (marks[-1] if marks else 0) < 2: _refuse("REDUCE on a stack too short", at, where)
+            func,args = stack[-2:]; del stack[-2:]
+            if type(args) is not Container or args.kind != 'tuple': _refuse(f"REDUCE with arguments that are {in_words(args)}, not a tuple", at, where)
+            count += 1
+            if count > limits.objects: _refuse(f"more than {limits.objects} objects", at, where)
+            node = Call(func, args, at); stack.append(node); order.append(node); continue
         if op == 0x28:  # MARK
             if len(marks) >= limits.marks: _refuse(f"more than {limits.marks} marks open", at, where)
             marks.append(len(stack)); continue
+        if op == 0x4a:  # BININT
+            if pos + 4 > n: _refuse("an opcode past the end of the file", at, where)
+            stack.append(unpack('<i', data, pos)[0]); pos += 4; continue
+        if op == 0x8a:  # LONG1
+            if pos >= n or pos + 1 + data[pos] > n: _refuse("an opcode past the end of the file", at, where)
+            k = data[pos]; stack.append(integer(int.from_bytes(data[pos + 1:pos + 1 + k], 'little', signed=True))); pos += 1 + k; continue
         if op == 0x4b: # BININT1
             if pos >= n: _refuse("an opcode past the end of the file", at, where)
             stack.append(data[pos]); pos += 1; continue
@@ -152,49 +175,42 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
             if len(stack) - (marks[-1] if marks else 0) < k: _refuse("a TUPLE on a stack too short", at, where)
             items = stack[-k:]; del stack[-k:]
             count += 1
-            stack.append(Container('tuple', items, at)); continue
+            node = Container('tuple', items, at); stack.append(node); order.append(node); continue
         count += 1
         if count > limits.objects: _refuse(f"more than {limits.objects} objects", at, where)
-        if op == 0x7d: stack.append(Container('dict', [], at)); continue  # EMPTY_DICT
-        if op == 0x29: stack.append(Container('tuple', [], at)); continue  # EMPTY_TUPLE
-        if op == 0x5d: stack.append(Container('list', [], at)); continue  # EMPTY_LIST
+        if op == 0x7d or op == 0x29 or op == 0x5d:  # EMPTY_DICT, EMPTY_TUPLE, EMPTY_LIST
+            node = Container('dict' if op == 0x7d else 'tuple' if op == 0x29 else 'list', [], at); stack.append(node); order.append(node); continue
         if op == 0x4e: stack.append(None); continue  # NONE
         if op == 0x88: stack.append(True); continue  # NEWTRUE
         if op == 0x89: stack.append(False); continue  # NEWFALSE
         name = _NAMES.get(op)
         if name is None: _refuse(f"the opcode {op:#04x}, which is not pickle's", at, where)
-        # the commonest of the rest first (an export's calls, ints, tuples, states, storages)
-        if name == 'REDUCE':
-            func,args = pop(2)
-            if not (isinstance(args, Container) and args.kind == 'tuple'): _refuse(f"REDUCE with arguments that are {_what(args)}, not a tuple", at, where)
-            stack.append(Call(func, args, at))
-        elif name == 'LONG1': stack.append(int.from_bytes(take(take(1)[0]), 'little', signed=True))
-        elif name == 'BININT': stack.append(unpack('<i', take(4))[0])
-        elif name == 'TUPLE': stack.append(Container('tuple', pop_mark(), at))
+        # the commonest of the rest first (an export's tuples, states, storages, objects)
+        if name == 'TUPLE': stack.append(new(Container('tuple', pop_mark(), at)))
         elif name == 'SETITEMS':
             items = pop_mark(); target = made(pop()[0]); stack.append(target)
             if len(items) % 2: _refuse("SETITEMS with a key without its value", at, where)
-            (target.items if isinstance(target, Container) else target.pairs).extend(zip(items[::2], items[1::2]))
+            (target.items if isinstance(target, Container) else target.pairs).extend(zip(items[::2], items[1::2])); added(target)
         elif name == 'BININT2': stack.append(unpack('<H', take(2))[0])
         elif name == 'BUILD':
             state, = pop(); target = stack[-1] if stack and not (marks and marks[-1] == len(stack)) else _refuse("BUILD without an object", at, where)
-            if not isinstance(target, Made): _refuse(f"BUILD on {_what(target)}: only an object the file makes takes a state", at, where)
-            target.states.append(state)
+            if not isinstance(target, Made): _refuse(f"BUILD on {in_words(target)}: only an object the file makes takes a state", at, where)
+            target.states.append(state); added(target)
         elif name in ('PERSID', 'BINPERSID'):
             if name == 'PERSID': raw,pos = _line(data, pos, where); pid = raw.decode('ascii', 'replace')
             else: pid, = pop()
-            stack.append(PersistentId(pid, at))
+            stack.append(new(PersistentId(pid, at)))
         elif name == 'NEWOBJ':
             cls,args = pop(2)
             if not (isinstance(args, Container) and args.kind == 'tuple'): _refuse("NEWOBJ with arguments that are not a tuple", at, where)
-            stack.append(New(cls, args, at))
+            stack.append(new(New(cls, args, at)))
         elif name == 'PROTO':
             proto = take(1)[0]
             if proto > 5: _refuse("a protocol above 5", at, where)
         elif name == 'FRAME': take(8)
         elif name == 'STOP':
             root, = pop()
-            return PickleTree(root, found, dropped, pos, where)
+            return PickleTree(root, found, dropped, pos, where, order)
         elif name == 'MARK':
             if len(marks) >= limits.marks: _refuse(f"more than {limits.marks} marks open", at, where)
             marks.append(len(stack))
@@ -208,14 +224,14 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
         elif name == 'NEWTRUE': stack.append(True)
         elif name == 'NEWFALSE': stack.append(False)
         elif name == 'BININT1': stack.append(take(1)[0])
-        elif name == 'LONG4': stack.append(int.from_bytes(take(unpack('<i', take(4))[0]), 'little', signed=True))
+        elif name == 'LONG4': stack.append(integer(int.from_bytes(take(unpack('<i', take(4))[0]), 'little', signed=True)))
         elif name == 'BINFLOAT': stack.append(unpack('>d', take(8))[0])
         elif name in ('INT', 'LONG', 'FLOAT'):
             raw,pos = _line(data, pos, where)
             try:
                 if name == 'FLOAT': v = float(raw)
                 elif raw in (b'00', b'01'): v = raw == b'01'
-                else: v = int(raw.rstrip(b'L'))
+                else: v = integer(int(raw.rstrip(b'L')))
             except ValueError: _refuse(f"{name} of {raw[:40]!r}, not a number", at, where)
             stack.append(v)
         elif name in ('SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8'):
@@ -227,7 +243,7 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
             stack.append(raw.decode('raw-unicode-escape'))
         elif name in ('SHORT_BINBYTES', 'BINBYTES', 'BINBYTES8', 'BYTEARRAY8'):
             k = take(1)[0] if name == 'SHORT_BINBYTES' else unpack('<I' if name == 'BINBYTES' else '<Q', take(4 if name == 'BINBYTES' else 8))[0]
-            stack.append(take(k) if name != 'BYTEARRAY8' else Call(Global('builtins', 'bytearray', at), Container('tuple', [take(k)], at), at))
+            stack.append(take(k) if name != 'BYTEARRAY8' else new(Call(Global('builtins', 'bytearray', at), new(Container('tuple', [take(k)], at)), at)))
         elif name in ('SHORT_BINSTRING', 'BINSTRING'):
             k = take(1)[0] if name == 'SHORT_BINSTRING' else unpack('<i', take(4))[0]
             stack.append(take(k).decode('latin-1'))  # Python 2's str, as pickle reads it with encoding='latin1'
@@ -235,26 +251,26 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
             raw,pos = _line(data, pos, where)
             stack.append(_text_string(raw, at, where).decode('latin-1'))
         # --- containers
-        elif name == 'EMPTY_TUPLE': stack.append(Container('tuple', [], at))
-        elif name in ('TUPLE1', 'TUPLE2', 'TUPLE3'): stack.append(Container('tuple', pop(int(name[-1])), at))
-        elif name == 'EMPTY_LIST': stack.append(Container('list', [], at))
-        elif name == 'LIST': stack.append(Container('list', pop_mark(), at))
-        elif name == 'EMPTY_DICT': stack.append(Container('dict', [], at))
+        elif name == 'EMPTY_TUPLE': stack.append(new(Container('tuple', [], at)))
+        elif name in ('TUPLE1', 'TUPLE2', 'TUPLE3'): stack.append(new(Container('tuple', pop(int(name[-1])), at)))
+        elif name == 'EMPTY_LIST': stack.append(new(Container('list', [], at)))
+        elif name == 'LIST': stack.append(new(Container('list', pop_mark(), at)))
+        elif name == 'EMPTY_DICT': stack.append(new(Container('dict', [], at)))
         elif name == 'DICT':
             items = pop_mark()
             if len(items) % 2: _refuse("DICT with a key without its value", at, where)
-            stack.append(Container('dict', list(zip(items[::2], items[1::2])), at))
-        elif name == 'EMPTY_SET': stack.append(Container('set', [], at))
-        elif name == 'FROZENSET': stack.append(Container('frozenset', pop_mark(), at))
+            stack.append(new(Container('dict', list(zip(items[::2], items[1::2])), at)))
+        elif name == 'EMPTY_SET': stack.append(new(Container('set', [], at)))
+        elif name == 'FROZENSET': stack.append(new(Container('frozenset', pop_mark(), at)))
         elif name == 'APPEND':
             item, = pop(); target = made(pop()[0]); stack.append(target)
-            (target.items if isinstance(target, Container) else target.items).append(item)
+            target.items.append(item); added(target)
         elif name in ('APPENDS', 'ADDITEMS'):
             items = pop_mark(); target = made(pop()[0]); stack.append(target)
-            target.items.extend(items)
+            target.items.extend(items); added(target)
         elif name == 'SETITEM':
             k,v = pop(2); target = made(pop()[0]); stack.append(target)
-            (target.items if isinstance(target, Container) else target.pairs).append((k, v))
+            (target.items if isinstance(target, Container) else target.pairs).append((k, v)); added(target)
         # --- the memo
         elif name in ('PUT', 'BINPUT', 'LONG_BINPUT', 'MEMOIZE'):
             if name == 'PUT':
@@ -283,16 +299,16 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
         elif name == 'INST':
             raw,pos = _line(data, pos, where); raw2,pos = _line(data, pos, where)
             g = _global(raw.decode('utf-8', 'replace'), raw2.decode('utf-8', 'replace'), proto, at); found.append(g)
-            stack.append(Call(g, Container('tuple', pop_mark(), at), at))
+            stack.append(new(Call(g, new(Container('tuple', pop_mark(), at)), at)))
         elif name == 'OBJ':
             items = pop_mark()
             if not items: _refuse("OBJ without its class", at, where)
-            stack.append(Call(items[0], Container('tuple', items[1:], at), at))
+            stack.append(new(Call(items[0], new(Container('tuple', items[1:], at)), at)))
         elif name == 'NEWOBJ_EX':
             cls,args,kwargs = pop(3)
             if not (isinstance(args, Container) and args.kind == 'tuple' and isinstance(kwargs, Container) and kwargs.kind == 'dict'):
                 _refuse("NEWOBJ_EX with arguments that are not a tuple and a dict", at, where)
-            stack.append(New(cls, args, at, kwargs))
+            stack.append(new(New(cls, args, at, kwargs)))
         elif name in ('EXT1', 'EXT2', 'EXT4'): _refuse("an extension code (copyreg's registry, which this process keeps, not the file)", at, where)
         else: _refuse(f"{name} (an out-of-band buffer, which an export does not hold)", at, where)
 
@@ -309,17 +325,15 @@ _NAMES = {ord(c) if isinstance(c, str) else c: n for c,n in [
     (0x90, 'ADDITEMS'), (0x91, 'FROZENSET'), (0x92, 'NEWOBJ_EX'), (0x93, 'STACK_GLOBAL'), (0x94, 'MEMOIZE'), (0x95, 'FRAME'),
     (0x96, 'BYTEARRAY8'), (0x97, 'NEXT_BUFFER'), (0x98, 'READONLY_BUFFER')]}
 
-def _what(node):
-    "A node in words, for messages"
+def in_words(node):
+    "A node or a plain value in words, for messages: a global's name, 'a dict', 'what collections.OrderedDict makes', 'a persistent id', 'the int 1'"
     if isinstance(node, Global): return node.full
-    if isinstance(node, Made): return f"an object {_what(node.func)} makes"
     if isinstance(node, Container): return f"a {node.kind}"
+    if isinstance(node, Made): return f"what {getattr(node.func, 'full', 'a call')} makes"
     if isinstance(node, PersistentId): return "a persistent id"
     return f"the {type(node).__name__} {node!r:.40}"
 
 # %% ../nbs/14b_export_reader.ipynb #cb7f6877
-_LEGACY_MAGIC = 0x1950a86a20f9469cfc6c  # torch.serialization's MAGIC_NUMBER
-
 @dataclass
 class ExportData:
     "An export read as data: its `format` ('zip' or 'legacy'), its main `tree`, in the older format where its storages start (`storages_at`), in an archive the bytes of each storage its directory lists (`sizes`, by key)"

@@ -4,11 +4,11 @@
 
 # %% ../nbs/15_safe_unpickle.ipynb #b042c763
 from __future__ import annotations
-import io, os, gc, sys, types, pickle, struct, weakref, zipfile, warnings, threading, importlib, functools, contextlib, collections
+import io, os, gc, sys, types, pickle, struct, weakref, zipfile, threading, importlib, functools, contextlib, collections
 import numpy as np, torch
 from pathlib import Path, PurePath
 from .errors import UnsafeExportError
-from .export_reader import Global, Made, Call, New, Container, PersistentId, read_export, read_pickle, export_format, storage_sizes
+from .export_reader import Global, Made, Call, New, Container, PersistentId, read_export, read_pickle, export_format, storage_sizes, in_words
 from .unpickle_policy import export_policy, POLICY_RULE, KINDS, REVIEWED_SETSTATE, REVIEWED_INIT_STATE, admitted_by, full_name, kind_of_class
 
 # %% auto #0
@@ -85,6 +85,7 @@ class _Typed:
 _PLAIN = (str, bytes, int, float, bool, type(None))
 _PLAIN_TYPES = frozenset(_PLAIN)
 _PLAIN_TYPED = {t: _Typed(t) for t in _PLAIN}
+_CONTAINER_TYPED = {k: _Typed(k) for k in ('tuple', 'list', 'dict', 'set', 'frozenset')}  # what `read_pickle` makes
 _PLAIN_RESULTS = frozenset({'collections.OrderedDict', 'set', 'frozenset', 'slice', 'torch.Size', 'torch.device', 'pathlib.PosixPath', 'collections.Counter'})  # what constructors of plain values make
 _DEPTH = 1000 # values nested in values: a fastai export nests a few dozen deep
 _EXPANDED = 1 << 18 # elements of views beyond their storage, in all: an expanded view of a tensor of ones is an export's, not a gigabyte's
@@ -112,15 +113,15 @@ class ExportCheck:
         "Check every node the root reaches, in a loop; the refusals noted (`refused`)"
         for effect in self.tree.effects: self.side_effect(effect)
         self.learner = self.tree.root if isinstance(self.tree.root, New) and self.is_kind(self.type_of(self.tree.root), 'fastai.learner.Learner') else None
-        seen,todo = set(),[(self.tree.root, None, None, 0)]
+        seen,todo = set(),[] if type(self.tree.root) in _PLAIN_TYPES else [(self.tree.root, None, None, 0)]
         while todo:
             node,owner,attr,depth = todo.pop()
-            if type(node) in _PLAIN_TYPES: continue
             key = (id(node), owner, attr) if type(node) is Container or type(node) is Global else id(node)  # what a container or global may be depends on where it is held
             if key in seen: continue
             seen.add(key)
             if depth > _DEPTH: self.refuse(f"values nested deeper than {_DEPTH}", node); break
-            todo.extend((n, o, a, depth + 1) for n,o,a in self.node(node, owner, attr))
+            depth += 1
+            todo += [(n, o, a, depth) for n,o,a in self.node(node, owner, attr) if type(n) not in _PLAIN_TYPES]
         return self
 
     def node(self, node, owner, attr):
@@ -140,11 +141,12 @@ class ExportCheck:
     # --- what a node would be
     def type_of(self, node, depth=0):
         "The `_Typed` of `node`, decided once"
+        if type(node) in _PLAIN_TYPES: return _PLAIN_TYPED[type(node)]
         if (t := self.typed.get(id(node))) is not None: return t
-        if isinstance(node, _PLAIN): return _PLAIN_TYPED.get(type(node)) or _Typed(type(node))
+        if isinstance(node, _PLAIN): return _Typed(type(node))
         if depth > 64: self.refuse("calls nested deeper than 64", node); return _Typed('refused')
         if isinstance(node, Global): t = self.global_(node)
-        elif isinstance(node, Container): t = _Typed(node.kind)
+        elif isinstance(node, Container): t = _CONTAINER_TYPED[node.kind]
         elif isinstance(node, PersistentId):  # a storage; in torch's older format, a module's class too
             pid = node.pid
             module_class = isinstance(pid, Container) and pid.kind == 'tuple' and len(pid.items) > 1 and pid.items[0] == 'module' and isinstance(pid.items[1], Global)
@@ -254,27 +256,31 @@ class ExportCheck:
         if state is None and slots is not None: state = Container('dict', [], node.at)
         if rule.state == 'handle': return self.handle_state(node, state)
         if not (isinstance(state, Container) and state.kind == 'dict'):
-            self.refuse(f"it would give a {name} a state that is {_what(state)}, not a dict of attributes", node); return []
-        held = []
+            self.refuse(f"it would give a {name} a state that is {in_words(state)}, not a dict of attributes", node); return []
+        held,owner,methods,default = [],full_name(cls),_method_names(cls),getattr(cls, '_default', None)
         for k,v in state.items + (slots.items if slots is not None else []):
-            if not isinstance(k, str) or not k.isidentifier(): self.refuse(f"it would set {k!r} of a {name}: not an attribute's name", node); continue
+            if type(k) is not str or not k.isidentifier(): self.refuse(f"it would set {k!r} of a {name}: not an attribute's name", node); continue
             if k in rule.drop or k == '__annotations__': continue  # rebuilt by the load (or the class's), never read from the file
-            what = rule.attrs.get(k, rule.other)
-            if k.startswith('__') and k not in rule.attrs and k not in ('__doc__', '__stored_args__'): self.refuse(f"it would set {k} of a {name}", node); continue  # fastcore 1's `store_attr` keeps the arguments in `__stored_args__`
-            if what is None: self.refuse(f"it would set {k} of a {name}, which its kind does not have", node); continue
-            if k not in rule.attrs and k in _method_names(cls) and not self.method_place(node, cls, k, v):
-                self.refuse(f"a {name}.{k} holds {_said(self.type_of(v), v)}, in the place of its class's method {k}", node); continue
-            if k == '_default' and v != getattr(cls, '_default', None): self.refuse(f"a {name}._default holds {v!r}: its delegation is its class's", node); continue
-            if k == getattr(cls, '_default', None) and not self.delegate(v):
+            what = rule.attrs.get(k)
+            if what is None:
+                if k.startswith('__') and k not in ('__doc__', '__stored_args__'): self.refuse(f"it would set {k} of a {name}", node); continue  # fastcore 1's `store_attr` keeps the arguments in `__stored_args__`
+                if rule.other is None: self.refuse(f"it would set {k} of a {name}, which its kind does not have", node); continue
+                if k in methods and not self.method_place(node, cls, k, v):
+                    self.refuse(f"a {name}.{k} holds {_said(self.type_of(v), v)}, in the place of its class's method {k}", node); continue
+                what = rule.other
+            if k == '_default' and v != default: self.refuse(f"a {name}._default holds {v!r}: its delegation is its class's", node); continue
+            if k == default and not self.delegate(v):
                 self.refuse(f"a {name}.{k} holds {_said(self.type_of(v), v)}, to which it would hand its attributes", node); continue
             if what == 'dispatch': held += self.dispatch_table(node, name, k, v); continue
-            if self.holds(node, name, k, v, what): held.append((v, full_name(cls), k))
+            if not self.holds(node, name, k, v, what): continue
+            if type(v) is Call and not (v.args.items or v.states or v.items or v.pairs) and _empty_call(self.type_of(v.func)): self.checked.add(id(v))  # a module's empty hooks (`OrderedDict()`): all checked
+            else: held.append((v, owner, k))
         return held
 
     def dispatch_table(self, node, name, k, v):
         "A transform's dispatch table: only the functions it dispatches to are read (each one the load admits); the table is rebuilt from them"
         fs = _dispatched(self, v)
-        if fs is None: self.refuse(f"a {name}.{k} holds {_what(v)}: its kind holds a dispatch table there", node); return []
+        if fs is None: self.refuse(f"a {name}.{k} holds {in_words(v)}: its kind holds a dispatch table there", node); return []
         bad = [f for f in fs if _fits_function(self, f, self.type_of(f), 'function') is not True]
         for f in bad: self.refuse(f"a {name}.{k} dispatches to {_said(self.type_of(f), f)}: only to functions the load admits", node)
         self.tables[id(v)] = fs
@@ -296,10 +302,11 @@ class ExportCheck:
 
     def holds(self, node, name, k, v, what):
         "Does the value `v` of `name.k` fit `what`? A refusal noted where it does not; True where its parts are to be checked too"
+        plain = _plain_kinds(what)
+        if plain is not None and type(v) in plain: return True
         t = self.type_of(v)
         if t.what == 'refused': return True  # said where it is made
-        if (plain := _plain_kinds(what)) is not None: ok = type(v) in plain
-        else: ok = _FITS.get(what.split(':')[0], _fits_value)(self, v, t, what)
+        ok = False if plain is not None else _fits_of(what)(self, v, t, what)
         if ok is False: self.refuse(f"a {name}.{k} holds {_said(t, v)}: its kind holds {_KIND_WORDS.get(what, what)} there", node)
         elif isinstance(ok, str): self.refuse(f"a {name}.{k} holds {ok}", node)
         return ok is True
@@ -364,7 +371,7 @@ class ExportCheck:
             cls = self.type_of(args[i], depth + 1) if len(args) > i else None
             return _Typed(cls.obj if cls is not None and cls.what == 'class' else 'refused')
         if e.result == 'class': return _Typed('class', type(None), 'refer', 'builtins.NoneType')
-        return _Typed(_RESULTS.get(e.result) or _result_class(e.result))
+        return _result_typed(e.result)
 
     def attribute(self, node, obj, name, depth):
         "`getattr(obj, name)` as pickle writes a method: a method of an admitted class the policy names; a method the policy lets be read from an object (`bound`)"
@@ -476,16 +483,16 @@ class ExportCheck:
         if not (state.kind == 'dict' and all(isinstance(k, str) and k not in _TENSOR_SLOTS and (not k.startswith('_') or k == '_meta') and
                                               (isinstance(v, _PLAIN) or isinstance(v, Container) and all(isinstance(x, _PLAIN) for kv in v.items for x in (kv if v.kind == 'dict' else (kv,))))
                                               for k,v in state.items)):
-            self.refuse(f"a tensor of fastai's type with {[kv[0] for kv in state.items] if state.kind == 'dict' else _what(state)} set: only its plain attributes", node)
+            self.refuse(f"a tensor of fastai's type with {[kv[0] for kv in state.items] if state.kind == 'dict' else in_words(state)} set: only its plain attributes", node)
 
     def constructed_state(self, node, f, s):
         "The state a constructor's object takes (BUILD): plain data of the shape that constructor's own state has"
         ok = _STATES.get(f.full, lambda c, s: False)(self, s)
-        if not ok: self.refuse(f"it would give what {f.full} makes a state that is {_what(s)} of another shape", node); return []
+        if not ok: self.refuse(f"it would give what {f.full} makes a state that is {in_words(s)} of another shape", node); return []
         if f.full != 'functools.partial': return [(s, None, None)]
         func,args,kwargs,_ = s.items
         if self.type_of(func).only == 'partial' and not (len(args.items) == 2 and _arg_fits(self, args.items[0], 'function|object') and isinstance(args.items[1], str) and not args.items[1].startswith('_')):
-            self.refuse(f"it would make a partial of {self.type_of(func).full} with {_what(args)}: only a function and a public attribute's name", node)
+            self.refuse(f"it would make a partial of {self.type_of(func).full} with {in_words(args)}: only a function and a public attribute's name", node)
         return [(func, 'functools.partial', 'func'), (args, None, None), (kwargs, None, None)]
 
 _ROUTINES = (types.FunctionType, types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType,
@@ -506,18 +513,12 @@ def _own_methods(cls, full):
     f = lambda v: v.__func__ if isinstance(v, (classmethod, staticmethod)) else v
     return frozenset(n for n,v in found.items() if isinstance(f(v), types.FunctionType) and f"{f(v).__module__}.{f(v).__qualname__}" == full)
 
-def _what(node):
-    if isinstance(node, Global): return node.full
-    if isinstance(node, Container): return f"a {node.kind}"
-    if isinstance(node, Made): return f"what {getattr(node.func, 'full', 'a call')} makes"
-    return f"a {type(node).__name__}"
-
 def _said(t, node):
     "What a node is, in words (a plain value as it is)"
     if isinstance(node, _PLAIN): return repr(node) if len(repr(node)) <= 40 else f"a {type(node).__name__} of {len(node) if isinstance(node, (str, bytes)) else 'many'} characters"
     if isinstance(t.what, type): return f"a {t.what.__name__}"
     if t.full: return t.full
-    return _what(node) if t.what in ('refused', None) else f"a {t.what}"
+    return in_words(node) if t.what in ('refused', None) else f"a {t.what}"
 
 # %% ../nbs/15_safe_unpickle.ipynb #98f47007
 _KIND_WORDS = {'parameters': "a dict of Parameters by name", 'buffers': "a dict of tensors by name", 'modules': "a dict of modules by name",
@@ -597,6 +598,11 @@ _FITS = {
 }
 _fits_value = _FITS['value']
 
+@functools.lru_cache(maxsize=None)
+def _fits_of(what):
+    "The test of a kind's word (`object-of:fastai.callback.core.Callback`: that of `object-of`)"
+    return _FITS.get(what.split(':')[0], _fits_value)
+
 # %% ../nbs/15_safe_unpickle.ipynb #29ed4693
 _MAIN_HOW = "define a function of that name in `__main__` before `load_learner`, as fastai asks, and it is used in its place"
 _LAMBDA_HOW = "a lambda or a function defined inside another is never run from the file: export the Learner with a function of a module, and admit it with `allow=`"
@@ -609,14 +615,14 @@ def _nested_codes(code):
 def _arg_fits(check, a, word):
     "Does the argument `a` fit the word `word` of a policy line (`a|b`: either)?"
     if '|' in word: return any(_arg_fits(check, a, w) for w in word.split('|'))
+    if word in _PLAIN_WORDS: return type(a) in _PLAIN_WORDS[word] or isinstance(a, Call) and check.type_of(a).what in _PLAIN_WORDS[word]  # bytes: protocol 2 writes them as a call
+    if word == 'ints': return type(a) is Container and a.kind == 'tuple' and all(type(x) is int for x in a.items)
     t = check.type_of(a)
-    if word in _PLAIN_WORDS: return type(a) in _PLAIN_WORDS[word] or isinstance(a, Call) and t.what in _PLAIN_WORDS[word]  # bytes: protocol 2 writes them as a call
     if word == 'latin1': return a in ('latin1', 'latin-1')
     if word == 'descr': return type(a) is str and _plain_descr(a)
     if word in ('items', 'pairs'):
         if not (isinstance(a, Container) and a.kind in ('list', 'tuple')): return False
         return word == 'items' or all(isinstance(x, Container) and x.kind in ('list', 'tuple') and len(x.items) == 2 for x in a.items)
-    if word == 'ints': return isinstance(a, Container) and a.kind == 'tuple' and all(type(x) is int for x in a.items)
     if word in ('dict', 'tuple', 'list'): return isinstance(a, Container) and a.kind == word
     if word == 'value': return t.what != 'refused'
     if word == 'storage': return isinstance(a, PersistentId)
@@ -667,6 +673,11 @@ def _result_class(name):
     "The class a policy line's result names (`module.Class`), imported: a module the policy names"
     module,_,cls = name.rpartition('.')
     return _resolve(module, cls)
+
+@functools.lru_cache(maxsize=None)
+def _result_typed(result):
+    "What a constructor whose policy line names `result` makes (one `_Typed` for all its calls)"
+    return _Typed(_RESULTS.get(result) or _result_class(result))
 
 _TAKES_ITEMS = ('collections.OrderedDict', 'collections.defaultdict')  # what a constructor makes that the file may fill (a state: those of `_STATES`)
 
@@ -778,127 +789,143 @@ class ExportBuild:
     "What an `ExportCheck` passed, built by this module's code: `build()` gives the root"
     def __init__(self, check, # the `ExportCheck` that passed the tree
                  persistent_load=None): # torch's: a storage of the archive for a persistent id
-        self.c,self.persistent_load,self.built,self.handles,self.modules = check,persistent_load,{},[],[]
+        self.c,self.persistent_load,self.built,self.handles,self.modules,self.waiting = check,persistent_load,{},[],[],{}
+        self.fake_mode = torch._guards.detect_fake_mode(None) is not None  # asked once: `_rebuild_tensor_v2` asks for each tensor
         self.expanded = 0
 
     def value(self, node):
-        if isinstance(node, _PLAIN): return node
-        return self.built[id(node)]
+        "What `node` was made into (a plain value is itself); an `UnsafeExportError` where it was not made: the check did not reach it, or it could not be made"
+        if type(node) in _PLAIN_TYPES: return node
+        try: return self.built[id(node)]
+        except KeyError: raise UnsafeExportError(f"{self.c.where}: {in_words(node)} (at byte {node.at}) is among what the load builds, but the check did not reach it or it could not be made") from None
+
+    def values(self, nodes):
+        "What `nodes` were made into, or `_NOT` where one was not made"
+        built = self.built
+        try: return [x if type(x) in _PLAIN_TYPES else built[id(x)] for x in nodes]
+        except KeyError: return _NOT
 
     def build(self):
-        "Every node the root reaches, made (what it is made of first; what an object holds before its state is set), then the root. An object whose state holds what is not made yet (a callback holding a method bound to itself) is given its state once all is made"
-        root = self.c.tree.root
-        todo,making,later = [(root, 0, True)],set(),[]
-        built,checked = self.built,self.c.checked
+        "What the check passed, made in the order the pickle makes it (`PickleTree.order`), each object given what it holds where the pickle adds it: an object only where the check reached it; a container or storage where all it holds is made; a function the file carries once its closure's cells are (cloudpickle sets them after it). The root, made"
+        built,added,waiting = self.built,{},self.waiting
         for g in self.c.tree.globals:  # what each global names, the check's
             if (t := self.c.typed.get(id(g))) is not None: built[id(g)] = t.obj
-        while todo:
-            node,phase,extra = todo.pop()  # `extra`: at phase 0, whether `node` is needed to make what holds it; at 2, what it holds
-            if phase == 0:
-                if type(node) in _PLAIN_TYPES or id(node) in built: continue
-                if type(node) is Container and node.kind == 'tuple' and all(type(x) in _PLAIN_TYPES or id(x) in built for x in node.items):
-                    built[id(node)] = tuple(x if type(x) in _PLAIN_TYPES else built[id(x)] for x in node.items); continue  # the commonest: a tuple of what is made already
-                if type(node) is Call and not (node.states or node.items or node.pairs) and id(node) in checked and all(type(x) in _PLAIN_TYPES or id(x) in built for x in node.args.items):
-                    if (made := self.plain_call(node)) is not _NOT: built[id(node)] = made; continue  # a module's empty hooks: made at once
-                if id(node) in making:
-                    if extra: raise UnsafeExportError(f"{self.c.where}: {_what(node)} is among its own arguments (at byte {node.at})")
-                    continue  # held in a state: made when its turn comes, the state set later
-                making.add(id(node))
-                todo.append((node, 1, None))
-                todo += [(x, 0, True) for x in reversed(self.needs(node))]
-            elif phase == 1:
-                built[id(node)] = self.make(node)
-                held = self.holds(node)
-                if all(type(x) in _PLAIN_TYPES or id(x) in built for x in held): self.fill(node); continue  # all it holds made already
-                todo.append((node, 2, held))
-                todo += [(x, 0, False) for x in reversed(held)]
-            elif all(type(x) in _PLAIN_TYPES or id(x) in built for x in extra): self.fill(node)
-            else: later.append(node)
-        for node in later: self.fill(node)
+        for step in self.c.tree.order:
+            if type(step) is tuple:
+                node,upto = step[0],step[1:]
+                start = added.get(id(node), (0, 0, 0)); added[id(node)] = upto
+                if id(node) in built: self.fill(node, start, upto)
+            elif (made := self.make(step)) is not _NOT:
+                built[id(step)] = made
+                if id(step) in waiting: self.made(step)
         for m in self.modules: self.own_hook_ids(m)
-        return self.value(root)
+        return self.value(self.c.tree.root)
 
-    def unchecked(self):
-        "The objects the build would make that the check did not reach: the build's walk (`needs`, `holds`), nothing made"
-        seen,todo,found = set(),[self.c.tree.root],[]
+    def made(self, node):
+        "Each function that waited for `node`, made now, where its closure's cells all are"
+        todo = [node]
         while todo:
-            node = todo.pop()
-            if isinstance(node, _PLAIN) or id(node) in seen: continue
-            seen.add(id(node))
-            if isinstance(node, Made) and id(node) not in self.c.checked: found.append(node); continue
-            todo += self.needs(node) + self.holds(node)
-        return found
+            for f in self.waiting.pop(id(todo.pop()), ()):
+                if (made := self.make(f)) is not _NOT: self.built[id(f)] = made; todo.append(f)
 
-    def plain_call(self, node):
-        "What a constructor of plain values makes of arguments made already (`OrderedDict()`, `set([...])`), or `_NOT` where the call is no such one"
-        f = self.c.typed.get(id(node.func))
-        if f is None or f.what != 'constructor' or f.full in _BUILDERS or f.entry.result not in _PLAIN_RESULTS: return _NOT
-        return f.obj(*(x if type(x) in _PLAIN_TYPES else self.built[id(x)] for x in node.args.items))
+    def unbuilt(self):
+        "What the build would need that it would not make (an object the check did not reach, a container of one), nothing made: `build`'s steps, each made where `needs` and `held` say what it reads is"
+        made,found,checked,added,waiting = {id(g) for g in self.c.tree.globals if id(g) in self.c.typed},[],self.c.checked,{},{}
+        ok = lambda x: type(x) in _PLAIN_TYPES or id(x) in made
+        def waits(node):  # a function the file carries waits for its closure's cells, as `build` has it wait
+            missing = [x for x in self.needs(node) if not ok(x)] if self.c.typed[id(node)].what == 'closure' else []
+            if missing: waiting.setdefault(id(missing[0]), []).append(node)
+            return bool(missing)
+        def make(node):
+            todo = [node]
+            while todo:
+                node = todo.pop(); made.add(id(node)); todo += [f for f in waiting.pop(id(node), []) if not waits(f)]
+        for step in self.c.tree.order:
+            node = step[0] if type(step) is tuple else step
+            if type(step) is tuple:
+                start = added.get(id(node), (0, 0, 0)); added[id(node)] = step[1:]
+                if id(node) not in made: continue
+                if type(node) is Container:
+                    if not all(ok(x) for x in self.held(node, start, step[1:])): made.discard(id(node))
+                else: found += [x for x in self.held(node, start, step[1:]) if not ok(x)]
+            elif type(node) is Container:
+                if node.kind not in ('tuple', 'frozenset') or all(ok(x) for x in node.items): make(node)
+            elif id(node) in checked:
+                if waits(node): continue
+                found += [x for x in self.needs(node) if not ok(x)]
+                make(node)
+        return found + ([] if ok(self.c.tree.root) else [self.c.tree.root])
 
     def needs(self, node):
-        "What must be made before `node` is"
-        if isinstance(node, Container): return node.items if node.kind in ('tuple', 'frozenset') else []
-        if isinstance(node, PersistentId): return [node.pid] if self.c.type_of(node).what == 'storage' else []
-        if isinstance(node, Made):
-            t = self.c.typed.get(id(node))
-            if t is not None and t.what == 'closure': return list(t.obj[2])
-            if t is not None and (t.what in ('code', 'carried', 'function', 'stand-in', 'class') or t.what == 'method' and not isinstance(node.func, Call)) and not _calls_getattr(node): return []
-            return [node.func, node.args]
-        return []
+        "What `make` reads to make an object or storage the check reached"
+        t = self.c.typed[id(node)]
+        if type(node) is PersistentId: return [] if t.what == 'class' else [node.pid]
+        if type(node) is New: return [node.args] if issubclass(t.what, tuple) else []
+        if t.what == 'closure': return list(t.obj[2])
+        if (t.what in ('code', 'carried', 'function', 'stand-in', 'class') or t.what == 'method' and not isinstance(node.func, Call)) and not _calls_getattr(node): return []
+        return [node.func, node.args]
 
-    def holds(self, node):
-        "What must be made before `node` is filled: a container's items, an object's state and items"
-        if isinstance(node, Container): return [x for kv in node.items for x in kv] if node.kind == 'dict' else node.items if node.kind in ('list', 'set') else []
-        if isinstance(node, New):  # its state's values but what its kind drops; a dispatch table's functions, never the table
-            held,t = [],self.c.typed.get(id(node))
-            if t is not None and isinstance(t.what, type) and KINDS[kind_of_class(t.what)].state == 'handle': return list(node.states)  # a handle's (hooks, id)
-            for s in node.states:
-                if not (isinstance(s, Container) and s.kind in ('dict', 'tuple')): continue
-                parts = s.items if s.kind == 'dict' else [kv for d in s.items if isinstance(d, Container) and d.kind == 'dict' for kv in d.items]
-                if s.kind == 'tuple' and not any(isinstance(d, Container) and d.kind == 'dict' for d in s.items): held.append(s); continue  # a handle's
-                for k,x in parts:
-                    if id(x) in self.c.tables: held += self.c.tables[id(x)]
-                    elif not _dropped(self.c, node, k): held.append(x)
-            return held + node.items + [x for kv in node.pairs for x in kv]
-        if isinstance(node, Made): return node.states + node.items + [x for kv in node.pairs for x in kv]
-        return []
+    def held(self, node, start, upto):
+        "What `fill` reads at a step that adds to `node`: its items and pairs from `start` to `upto`; of its states, what the kind's rule keeps (a dispatch table's functions, never the table)"
+        (i,p,s),(items,pairs,states) = start,upto
+        if type(node) is Container:
+            return node.items[i:items] if node.kind != 'dict' else [x for kv in node.items[i:items] for x in kv]
+        held,t = [],self.c.typed.get(id(node))
+        for st in node.states[s:states]:
+            kind = kind_of_class(t.what) if isinstance(t.what, type) else None
+            if isinstance(node, Call) and isinstance(node.func, Global) and node.func.full in _CONSTRUCTED_STATE or kind is not None and KINDS[kind].state == 'handle':
+                held.append(st); continue
+            if isinstance(st, Container) and st.kind == 'tuple': parts = [kv for d in st.items if isinstance(d, Container) for kv in d.items]
+            else: parts = st.items if isinstance(st, Container) else []
+            dropped = _dropped_names(t.what) if isinstance(t.what, type) else ()
+            for k,x in parts:
+                if id(x) in self.c.tables: held += self.c.tables[id(x)]
+                elif k not in dropped: held.append(x)
+        return held + node.items[i:items] + [x for kv in node.pairs[p:pairs] for x in kv]
 
     def make(self, node):
-        if isinstance(node, Global): return self.c.type_of(node).obj
-        t = self.c.typed.get(id(node))
-        if isinstance(node, Made) and id(node) not in self.c.checked:
-            raise UnsafeExportError(f"{self.c.where}: {_what(node)} (at byte {node.at}), which the check did not reach, would be built")
-        if isinstance(node, Container):
-            if node.kind == 'tuple': return tuple(self.value(x) for x in node.items)
-            if node.kind == 'frozenset': return frozenset(self.value(x) for x in node.items)
-            return {'list': list, 'dict': dict, 'set': set}[node.kind]()
-        if isinstance(node, PersistentId):
-            t = self.c.type_of(node)
-            return t.obj if t.what == 'class' else self.storage(node)
-        if isinstance(node, New):
+        "`node` made of what is made before it, or `_NOT`: an object the check did not reach, a container or storage of what was not made"
+        if type(node) is Container:
+            if node.kind != 'tuple' and node.kind != 'frozenset': return {'list': list, 'dict': dict, 'set': set}[node.kind]()
+            items = self.values(node.items)
+            if items is _NOT: return _NOT
+            if node.kind == 'tuple': return tuple(items)
+            try: return frozenset(items)
+            except TypeError: return _NOT  # an item that cannot be hashed
+        if id(node) not in self.c.checked: return _NOT
+        t = self.c.typed[id(node)]
+        if t.what == 'closure' and (waits := [c for c in t.obj[2] if type(c) not in _PLAIN_TYPES and id(c) not in self.built]):
+            self.waiting.setdefault(id(waits[0]), []).append(node); return _NOT
+        if type(node) is PersistentId: return t.obj if t.what == 'class' else self.storage(node)
+        if type(node) is New:
             cls = t.what
             return cls.__new__(cls, *self.value(node.args)) if issubclass(cls, tuple) else cls.__new__(cls)
         return self.call(node, t)
 
-    def fill(self, node):
-        if isinstance(node, Container):
-            obj = self.value(node)
-            if node.kind == 'list': obj.extend(self.value(x) for x in node.items)
-            elif node.kind == 'dict': obj.update((self.value(k), self.value(v)) for k,v in node.items)
-            elif node.kind == 'set': obj.update(self.value(x) for x in node.items)
+    def fill(self, node, start, upto):
+        "What the pickle added to `node` at one step: its items, pairs and states from `start` to `upto`"
+        (i,p,s),(items,pairs,states) = start,upto
+        obj = self.built[id(node)]
+        if type(node) is Container:
+            parts = node.items[i:items]
+            made = self.values(parts if node.kind != 'dict' else [x for kv in parts for x in kv])
+            try:
+                if made is _NOT: raise TypeError
+                if node.kind == 'list': obj.extend(made)
+                elif node.kind == 'dict': obj.update(zip(made[::2], made[1::2]))
+                else: obj.update(made)
+            except TypeError: del self.built[id(node)]  # what it holds was not made, or cannot be hashed: it is not made
             return
-        if not isinstance(node, Made): return
-        obj = self.value(node)
-        if isinstance(node, New):
-            for s in node.states: self.set_state(node, obj, s)
-            for x in node.items: list.append(obj, self.value(x))  # a list's or dict's own methods, never the class's
-            for k,v in node.pairs: dict.__setitem__(obj, self.value(k), self.value(v))
+        if type(node) is New:
+            for st in node.states[s:states]: self.set_state(node, obj, st)
+            for x in node.items[i:items]: list.append(obj, self.value(x))  # a list's or dict's own methods, never the class's
+            for k,v in node.pairs[p:pairs]: dict.__setitem__(obj, self.value(k), self.value(v))
             return
-        for s in node.states:
-            if isinstance(node.func, Global) and node.func.full in _CONSTRUCTED_STATE: self.built[id(node)] = obj = _CONSTRUCTED_STATE[node.func.full](obj, self.value(s))
-            else: self.set_state(node, obj, s)  # an object of the user's own class (`allow=`), by its kind
-        for x in node.items: obj.append(self.value(x))
-        for k,v in node.pairs: obj[self.value(k)] = self.value(v)
+        for st in node.states[s:states]:
+            if isinstance(node.func, Global) and node.func.full in _CONSTRUCTED_STATE: self.built[id(node)] = obj = _CONSTRUCTED_STATE[node.func.full](obj, self.value(st))
+            else: self.set_state(node, obj, st)  # an object of the user's own class (`allow=`), by its kind
+        for x in node.items[i:items]: obj.append(self.value(x))
+        for k,v in node.pairs[p:pairs]: obj[self.value(k)] = self.value(v)
 
     # --- objects of admitted classes, by their kind
     def set_state(self, node, obj, s):
@@ -909,10 +936,9 @@ class ExportBuild:
         if rule.state == 'handle': return self.handle(obj, self.value(s))
         slots = None
         if isinstance(s, Container) and s.kind == 'tuple': s,slots = s.items
-        attrs = {k: self.value(v) for k,v in (s.items if isinstance(s, Container) else []) + (slots.items if slots is not None else [])
-                 if k not in rule.drop and k != '__annotations__' and rule.attrs.get(k) not in ('dropped', 'dispatch')}
-        for k,v in (s.items if isinstance(s, Container) else []):
-            if rule.attrs.get(k) == 'dispatch': attrs[k] = self.table(self.c.tables[id(v)])
+        dropped,tables,value = _dropped_names(cls),_dispatch_names(cls),self.value
+        attrs = {k: value(v) for k,v in (s.items if isinstance(s, Container) else []) + (slots.items if slots is not None else []) if k not in dropped and k not in tables}
+        if tables: attrs.update((k, self.table(self.c.tables[id(v)])) for k,v in (s.items if isinstance(s, Container) else []) if k in tables)
         owner = _setstate_owner(cls)
         if owner is None: vars(obj).update(attrs)
         else: owner.__setstate__(obj, attrs)  # one of `REVIEWED_SETSTATE`, the check has made sure
@@ -969,14 +995,14 @@ class ExportBuild:
         raise UnsafeExportError(f"{self.c.where}: a persistent id that is not a storage of the archive")
 
     def tensor(self, storage, offset, size, stride, requires_grad=False, hooks=None, metadata=None):
-        "torch's `_rebuild_tensor_v2`, once the view's extent is checked against the storage the archive holds (the check read the size its id claims); never with hooks or metadata"
-        with warnings.catch_warnings():
-            warnings.simplefilter('ignore')  # torch's: a TypedStorage is deprecated (it is what its loader hands over)
-            n = storage.size()
+        "torch's `_rebuild_tensor_v2` (its `_rebuild_tensor`, then the flag and the empty hooks it sets), once the view's extent is checked against the storage the archive holds (the check read the size its id claims); never with hooks or metadata"
+        n = storage._size() if isinstance(storage, torch.storage.TypedStorage) else storage.size()  # `_size`: a TypedStorage's `size` warns it is deprecated (it is what torch's loader hands over)
         extent = 1 + sum((k - 1) * st for k,st in zip(size, stride)) if all(k > 0 for k in size) else 0
         if extent and offset + extent > n: raise UnsafeExportError(f"{self.c.where}: a tensor of size {tuple(size)} at {offset} past its storage of {n} elements")
         if hooks or metadata: raise UnsafeExportError(f"{self.c.where}: a tensor with hooks or metadata")
-        return torch._utils._rebuild_tensor_v2(storage, offset, torch.Size(size), tuple(stride), bool(requires_grad), collections.OrderedDict())
+        t = torch._utils._rebuild_tensor(storage, offset, torch.Size(size), tuple(stride))
+        t.requires_grad,t._backward_hooks = bool(requires_grad),collections.OrderedDict()
+        return torch._utils._restore_device_fake_mode(t) if self.fake_mode else t
 
 def _calls_getattr(node):
     "Is `node` a call of getattr on an object the file makes (a bound method read from it: built by reading it)?"
@@ -984,15 +1010,16 @@ def _calls_getattr(node):
 
 _NOT = object()
 
-def _dropped(check, node, k):
-    "Is `k` an attribute of `node`'s state its kind leaves out (rebuilt by the load)?"
-    t = check.typed.get(id(node))
-    return isinstance(t.what, type) and k in _dropped_names(t.what) if t is not None else False
-
 @functools.lru_cache(maxsize=None)
 def _dropped_names(cls):
+    "The attributes of a state of `cls` its kind leaves out (rebuilt by the load)"
     rule = KINDS[kind_of_class(cls)]
     return frozenset([*rule.drop, '__annotations__', *(k for k,w in rule.attrs.items() if w == 'dropped')])
+
+@functools.lru_cache(maxsize=None)
+def _dispatch_names(cls):
+    "The attributes of a state of `cls` that hold a transform's dispatch tables, rebuilt by the load"
+    return frozenset(k for k,w in KINDS[kind_of_class(cls)].attrs.items() if w == 'dispatch')
 
 def _transform_class():
     from fasttransform.transform import Transform
@@ -1102,13 +1129,13 @@ def _allowed(allow):
     return {(o.__module__, o.__qualname__): o for o in allow}
 
 def check_tree(tree, allow=(), places=(), where='the file', source=None, policy=None,
-               reach=True, # walk what the build would make (a load leaves it to the build, which refuses the same at the same object)
+               reach=True, # go through the build's steps for what it would need and not make (`ExportBuild.unbuilt`; a load leaves it to the build, which refuses the same)
                sizes=None): # the archive's storages' sizes, see `ExportCheck`
     "The default load's check of a pickle read as data (once `POLICY_RULE`'s libraries are imported): the `ExportCheck`, or an `UnsafeExportError` saying everything it refuses"
     POLICY_RULE.import_libraries()
     c = ExportCheck(tree, policy, _allowed(allow), places, where, sizes).check()
-    if reach and not c.refused:  # what the build would make, each checked: the build's own walk, made nowhere
-        for node in ExportBuild(c).unchecked(): c.refuse(f"{_what(node)}, which the check did not reach, would be built", node)
+    if reach and not c.refused:  # what the build would need and not make: its steps, made nowhere
+        for node in ExportBuild(c).unbuilt(): c.refuse(f"{in_words(node)}, which the check did not reach or the load could not make, would be built into what it makes", node)
     if c.refused: raise UnsafeExportError(refusal_message(c.refused, source, c.standing.items()))
     return c
 
@@ -1148,10 +1175,15 @@ class ExportPickle:
     def loads(self, data, **kwargs): return self.load(io.BytesIO(data))
 
 # %% ../nbs/15_safe_unpickle.ipynb #0c96b34a
-def _storage_records(f):
+def _zip_of(f):
+    "The archive `f` (a binary file or bytes) as a `zipfile.ZipFile` (its directory read once), or None where it is none"
+    try: return zipfile.ZipFile(f if hasattr(f, 'read') else io.BytesIO(bytes(f)))
+    except (OSError, ValueError, zipfile.BadZipFile): return None
+
+def _storage_records(z, # `_zip_of(f)`
+                     f): # the archive, a file open for reading
     "({key: (offset, size)} of the storages of the archive open at `f`, its byte order or None); None where it is not laid out as `torch.save` lays it out"
     try:
-        z = zipfile.ZipFile(f)
         infos,end = z.infolist(),os.fstat(f.fileno()).st_size
         names = [i.filename for i in infos]
         prefix = names[0].split('/')[0] + '/' if names else ''
@@ -1178,16 +1210,10 @@ def _parts(records, buffers):
         pos = at + n
     return parts
 
-def _archive_sizes(f):
-    "`storage_sizes` of the archive `f` (an open file, left where it was, or bytes) as `read_export` reads them, for the check; None where it is no archive torch wrote"
-    pos = f.tell() if hasattr(f, 'tell') else None
-    try:
-        with zipfile.ZipFile(f if pos is not None else io.BytesIO(bytes(f))) as z:
-            names = [n for n in z.namelist() if n.endswith('/data.pkl') or n == 'data.pkl']
-            return storage_sizes(z, names[0][:-len('data.pkl')]) if len(names) == 1 else None
-    except (OSError, ValueError, zipfile.BadZipFile): return None
-    finally:
-        if pos is not None: f.seek(pos)
+def _archive_sizes(z): # `_zip_of(f)`
+    "`storage_sizes` of the archive as `read_export` reads them, for the check; None where it is no archive torch wrote"
+    names = [n for n in z.namelist() if n.endswith('/data.pkl') or n == 'data.pkl'] if z is not None else []
+    return storage_sizes(z, names[0][:-len('data.pkl')]) if len(names) == 1 else None
 
 class ArchiveStorages:
     "The storages of an export `torch.save` wrote, copied from the file in a thread while the load reads, checks and builds its pickle; `persistent_load` hands each over as torch's loader does, its bytes arriving while the build goes on (`wait` before the load returns). `file` is what `torch.load` is to read: the same open file; `sizes`, each storage's bytes, for the check"
@@ -1195,10 +1221,14 @@ class ArchiveStorages:
                  map_location='cpu'): # as for `torch.load`
         self.map_location,self.loaded,self.buffers,self.error,self.thread,self.file,self.copied = map_location,{},{},None,None,file,False
         if not isinstance(file, (str, os.PathLike)):
-            self.sizes,self.ok = _archive_sizes(file),False; return
+            pos = file.tell() if hasattr(file, 'tell') else None
+            self.sizes,self.ok = _archive_sizes(_zip_of(file)),False
+            if pos is not None: file.seek(pos)  # where torch is to read it
+            return
         self.file = open(file, 'rb')
-        self.sizes = _archive_sizes(self.file)
-        plan = _storage_records(self.file) if hasattr(os, 'preadv') else None  # Windows has no `preadv`: torch reads
+        z = _zip_of(self.file)
+        self.sizes = _archive_sizes(z)
+        plan = _storage_records(z, self.file) if z is not None and hasattr(os, 'preadv') else None  # Windows has no `preadv`: torch reads
         self.file.seek(0)
         self.ok = plan is not None
         if not self.ok: self.file.close(); self.file = file; return

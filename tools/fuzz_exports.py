@@ -1,7 +1,7 @@
 """A fuzzer of the default `load_learner`: it mutates real exports' pickles at the opcode level and loads each mutant, as a
 user would, in a child process, checking that nothing escapes.
 
-    python fuzz_exports.py OUT [-n N] [--seed S] [--exports DIR]   # OUT/results.jsonl, a line a mutant; a summary printed
+    python fuzz_exports.py OUT [-n N] [--seed S] [--exports DIR] [--jobs J] # OUT/results.jsonl, a line a mutant; a summary printed
 
 The exports it mutates are `testing.synth_learner`'s (made here, with a callback, a partial and a hook of fastai's on its
 model) and, with `--exports`, every `*.pkl` of a folder (`export_corpus.py`'s). Each mutant is one change to one export's
@@ -19,7 +19,7 @@ refused with `UnsafeExportError`, or another error), inspect's, whether a marker
 changed, an environment variable or a class attribute set, a hook registry changed, and the seconds and memory it took. A
 child that dies (a crash) or runs over its time is recorded as such, and a new one goes on with the next mutant.
 Disagreements, where inspect admits what the load refuses or refuses what the load loads, are counted."""
-import os, sys, json, time, random, struct, zipfile, argparse, subprocess, pickletools
+import os, sys, json, time, random, struct, zipfile, argparse, subprocess, pickletools, concurrent.futures
 from pathlib import Path
 
 DANGEROUS = [('posix', 'system'), ('os', 'system'), ('shutil', 'rmtree'), ('builtins', 'eval'), ('builtins', 'exec'), ('fastcore.xtras', 'run'),
@@ -153,8 +153,15 @@ for f in files:
           hooks=after['hooks'] == before['hooks'])), flush=True)
 '''
 
-def run_children(work, files, limit, use=False, places=()):
-    "Every file loaded by children, one after the other (with `use`, then used as a user does: `predict`, `get_preds`, `fine_tune` on new DataLoaders, `lr_find`, `export`); a child that dies or runs over `limit` seconds a file is recorded, and a new one goes on"
+def run_children(work, files, limit, use=False, places=(), jobs=1):
+    "Every file loaded by children, one after the other (with `use`, then used as a user does: `predict`, `get_preds`, `fine_tune` on new DataLoaders, `lr_find`, `export`); a child that dies or runs over `limit` seconds a file is recorded, and a new one goes on. With `jobs`, so many children at once, each with a folder of its own in `work` (its marker, its victim), the files dealt among them"
+    if jobs > 1:
+        folders = [Path(work)/f'child{k}' for k in range(jobs)]
+        for d in folders: d.mkdir(exist_ok=True)
+        with concurrent.futures.ThreadPoolExecutor(jobs) as ex:
+            parts = list(ex.map(lambda k: run_children(folders[k], files[k::jobs], limit, use, places), range(jobs)))
+        order = {str(f): i for i,f in enumerate(files)}
+        return sorted((r for part in parts for r in part), key=lambda r: order[r['file']])
     results,left = [],[str(f) for f in files]
     env = {**os.environ, 'FUZZ_USE': '1' if use else '0', 'FUZZ_PLACES': ','.join(places)}
     while left:
@@ -181,8 +188,8 @@ def run_children(work, files, limit, use=False, places=()):
         sel.close()
     return results
 
-def fuzz(out, n=500, seed=0, folder=None, limit=60):
-    "`n` mutants of the base exports, loaded; their results (a dict a mutant) and a summary"
+def fuzz(out, n=500, seed=0, folder=None, limit=60, jobs=1):
+    "`n` mutants of the base exports, loaded (by `jobs` children at once); their results (a dict a mutant) and a summary"
     out = Path(out); out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     bases = [archive(f) for f in base_exports(out, folder)]
@@ -194,7 +201,7 @@ def fuzz(out, n=500, seed=0, folder=None, limit=60):
         with zipfile.ZipFile(f, 'w', zipfile.ZIP_STORED) as z:
             for k,v in members.items(): z.writestr(k, mutant if k == name else v)
         files.append(f); done[str(f)] = what
-    results = run_children(out, files, limit)
+    results = run_children(out, files, limit, jobs=jobs)
     for r in results: r['mutation'] = done.get(r['file'])
     (out/'results.jsonl').write_text(''.join(json.dumps(r) + '\n' for r in results))
     return results,summary(results)
@@ -216,6 +223,7 @@ if __name__ == '__main__':
     a.add_argument('out'); a.add_argument('-n', type=int, default=500); a.add_argument('--seed', type=int, default=0)
     a.add_argument('--exports', default=None, help="a folder of exports to mutate too (export_corpus.py's)")
     a.add_argument('--limit', type=float, default=60, help="seconds a mutant may take")
+    a.add_argument('--jobs', type=int, default=1, help="children loading mutants at once")
     args = a.parse_args()
-    _,s = fuzz(args.out, args.n, args.seed, args.exports, args.limit)
+    _,s = fuzz(args.out, args.n, args.seed, args.exports, args.limit, args.jobs)
     print(json.dumps(s, indent=1))
