@@ -178,6 +178,11 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
             node = Container('tuple', items, at); stack.append(node); order.append(node); continue
         count += 1
         if count > limits.objects: _refuse(f"more than {limits.objects} objects", at, where)
+        if op == 0x61:  # APPEND
+            if len(stack) - (marks[-1] if marks else 0) < 2: _refuse("APPEND on a stack too short", at, where)
+            item = stack.pop(); target = stack[-1]
+            if type(target) is not Container or target.kind != 'list': name = 'APPEND'; made(target)
+            target.items.append(item); added(target); continue
         if op == 0x7d or op == 0x29 or op == 0x5d:  # EMPTY_DICT, EMPTY_TUPLE, EMPTY_LIST
             node = Container('dict' if op == 0x7d else 'tuple' if op == 0x29 else 'list', [], at); stack.append(node); order.append(node); continue
         if op == 0x4e: stack.append(None); continue  # NONE
@@ -262,9 +267,6 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
             stack.append(new(Container('dict', list(zip(items[::2], items[1::2])), at)))
         elif name == 'EMPTY_SET': stack.append(new(Container('set', [], at)))
         elif name == 'FROZENSET': stack.append(new(Container('frozenset', pop_mark(), at)))
-        elif name == 'APPEND':
-            item, = pop(); target = made(pop()[0]); stack.append(target)
-            target.items.append(item); added(target)
         elif name in ('APPENDS', 'ADDITEMS'):
             items = pop_mark(); target = made(pop()[0]); stack.append(target)
             target.items.extend(items); added(target)
