@@ -1,7 +1,7 @@
 """`FaultTolerance` (nbs/49_fault_tolerance.ipynb): a fastai script, unchanged, run by `ddp-safe-ft` on torchft's replica
 groups with a real lighthouse and real `torchrun`s; groups killed with SIGKILL at random steps, started again, and joined
 to their live peers. Every replica logs each committed step (`ft_train.py`); the tests compare the logs."""
-import os, sys, json, time, random, signal, subprocess, collections
+import os, sys, json, time, random, signal, sysconfig, subprocess, collections
 from pathlib import Path
 import pytest, psutil
 from ddp_safe_fastai.launch import kill_tree
@@ -184,12 +184,12 @@ def test_lighthouse_killed_and_started_again(tmp_path):
     logs,_ = check_replicas(run)
     assert all(len(pids(recs)) == 1 for recs in logs.values()), {who: pids(recs) for who,recs in logs.items()}
 
-def fails_on_every_rank(tmp_path, said, **env):
-    "A group of two ranks under torchrun, with `env`: it fails, each rank's error says `said`, and the output folder stays empty"
+def fails_on_every_rank(tmp_path, said, python=sys.executable, **env):
+    "A group of two ranks under torchrun (of `python`), with `env`: it fails, each rank's error says `said`, and the output folder stays empty"
     from ddp_safe_fastai.launch import free_port
     out = tmp_path/'out'; out.mkdir()
     env = dict(os.environ, TORCHFT_LIGHTHOUSE=f'http://127.0.0.1:{free_port()}', CKPT='1', BEST='1', **env)
-    r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2', str(SCRIPT), str(out), '1'],
+    r = subprocess.run([python, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', '2', str(SCRIPT), str(out), '1'],
                        env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode != 0
     for rank in (0, 1): assert any(l.startswith(f'[rank{rank}]') and said in l for l in r.stderr.splitlines()), r.stderr[-3000:]
@@ -209,6 +209,20 @@ def test_torchft_of_another_version_fails_on_every_rank(tmp_path):
     path = os.pathsep.join([str(tmp_path/'site'), *filter(None, [os.environ.get('PYTHONPATH')])])
     fails_on_every_rank(tmp_path, "torchft 0.1.9 is installed; ddp_safe_fastai runs on torchft==0.2.0: `pip install 'ddp_safe_fastai[ft]'`",
                         REPLICA_GROUP_ID='0', NUM_REPLICA_GROUPS='2', PYTHONPATH=path)
+
+def test_without_torchft_fails_on_every_rank(tmp_path):
+    """A machine without torchft: the ranks run in an environment of their own holding everything this one holds but
+    torchft (a venv whose packages are links to these); one error on each rank naming the install, nothing written"""
+    venv = tmp_path/'venv'
+    subprocess.run([sys.executable, '-m', 'venv', '--without-pip', venv], check=True, timeout=120)
+    here,there = Path(sysconfig.get_paths()['purelib']),Path(subprocess.run([venv/'bin'/'python', '-c', "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                                                             capture_output=True, text=True, check=True).stdout.strip())
+    for p in here.iterdir():
+        if not p.name.startswith('torchft'): (there/p.name).symlink_to(p)
+    r = subprocess.run([venv/'bin'/'python', '-c', "import importlib.util; print(importlib.util.find_spec('torchft'))"], capture_output=True, text=True)
+    assert r.stdout.strip() == 'None', r.stdout + r.stderr  # torchft is nowhere there
+    fails_on_every_rank(tmp_path, "torchft is not installed: `pip install 'ddp_safe_fastai[ft]'` installs torchft==0.2.0",
+                        python=venv/'bin'/'python', REPLICA_GROUP_ID='0', NUM_REPLICA_GROUPS='2')
 
 def groups_by_hand(out, url, counts, nproc, epochs, **env):
     "Replica group `g` with `NUM_REPLICA_GROUPS=counts[g]`, for each `g`: its own `torchrun` of `nproc` ranks, as torchft documents; started"
