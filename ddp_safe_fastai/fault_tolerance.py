@@ -10,6 +10,7 @@ import torch
 from fastcore.basics import store_attr
 from fastai.learner import Learner, CancelBackwardException, CancelBatchException
 from fastai.callback.core import Callback
+from fastai.callback.training import GradientAccumulation
 from fastai.distributed import DistributedTrainer, DistributedDL
 from .errors import describe
 from .replica_groups import ReplicaSettings, replica_settings, check_lighthouse
@@ -121,6 +122,9 @@ class FaultTolerance(Callback):
         point,later = self.learn.__dict__.get('resume_point'),self.learn.cbs[self.learn.cbs.index(self)+1:]
         if hasattr(self.learn, 'lr_finder') or (point and point.epoch >= self.n_epoch): self.run = False; return  # no fit of the run; a fit done
         if any(isinstance(cb, FaultTolerance) for cb in later): self.run = False; return  # the fit was given its own: it takes over from the context's
+        if any(isinstance(cb, GradientAccumulation) for cb in self.learn.cbs):
+            raise ValueError("FaultTolerance does not train with GradientAccumulation: a group lost during a batch that only accumulates would leave that batch's "
+                             "half-averaged gradients in the sum (torchft discards a step's, and no step ends that batch); fit without it: a larger batch, or more groups")
         s,nproc = self.settings,max(num_distrib(), 1)
         self.fit_no += 1
         self.learn.dls.loaders[0] = DistributedDL(unwrapped(self.dls.train), s.group*nproc + rank_distrib(), s.groups*nproc, device=model_device(self.learn.model))

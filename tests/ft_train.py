@@ -4,11 +4,13 @@ random states, this process's PID, whether its group writes).
 
     ft_train.py OUT EPOCHS   # env: STEP_PAUSE (seconds a step), N (samples), CKPT=1 (a CheckpointCallback every 10 batches),
                              # MEMORY=1 (a CheckpointCallback into node memory every batch),
-                             # BEST=1 (a SafeSaveModelCallback), FINE_TUNE=1 (`fine_tune` instead of `fit`)"""
+                             # BEST=1 (a SafeSaveModelCallback), FINE_TUNE=1 (`fine_tune` instead of `fit`),
+                             # GRAD_ACC=1 (fastai's GradientAccumulation)"""
 import os, sys, json, time, hashlib, torch
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.testing import synth_learner
 from fastai.callback.core import Callback
+from fastai.callback.training import GradientAccumulation
 
 out,epochs = sys.argv[1],int(sys.argv[2])
 group,pause = int(os.environ.get('REPLICA_GROUP_ID', 0)),float(os.environ.get('STEP_PAUSE', 0.02))
@@ -39,6 +41,7 @@ cbs = [StepLog()]
 if os.environ.get('CKPT'): cbs.append(CheckpointCallback(every_iters=10))
 if os.environ.get('MEMORY'): cbs.append(CheckpointCallback(memory_every_iters=1))
 if os.environ.get('BEST'): cbs.append(SafeSaveModelCallback(fname='best'))
+if os.environ.get('GRAD_ACC'): cbs.append(GradientAccumulation(n_acc=64))
 with learn.distrib_ctx():
     if os.environ.get('FINE_TUNE'): learn.fine_tune(epochs, 1e-2, cbs=cbs)
     else: learn.fit(epochs, 1e-2, cbs=cbs)

@@ -224,6 +224,23 @@ def test_without_torchft_fails_on_every_rank(tmp_path):
     fails_on_every_rank(tmp_path, "torchft is not installed: `pip install 'ddp_safe_fastai[ft]'` installs torchft==0.2.0",
                         python=venv/'bin'/'python', REPLICA_GROUP_ID='0', NUM_REPLICA_GROUPS='2')
 
+def test_gradient_accumulation_refused_on_every_rank(tmp_path):
+    """fastai's `GradientAccumulation` in a fit under torchft (a real lighthouse, a group of two ranks started by hand):
+    every rank raises one error naming it, before any step (a group lost during a batch that only accumulates would leave
+    half-averaged gradients in the sum), and nothing is written"""
+    from ddp_safe_fastai.ft_launch import Lighthouse
+    out,procs = tmp_path/'out',[]
+    with Lighthouse(min_replicas=1) as lighthouse:
+        try:
+            procs = groups_by_hand(out, lighthouse.url, (1,), nproc=2, epochs=1, GRAD_ACC='1')
+            said, = their_errors(procs, 120, "after it started")
+        finally:
+            for p in procs: kill_tree(p.pid)
+    assert procs[0].returncode != 0, said[-3000:]
+    for rank in (0, 1):
+        assert any(l.startswith(f'[rank{rank}]') and 'FaultTolerance does not train with GradientAccumulation' in l for l in said.splitlines()), (rank, said[-3000:])
+    assert not list(out.glob('models/**/manifest.json')) and not list(out.glob('log*.jsonl'))  # no checkpoint, no committed step
+
 def groups_by_hand(out, url, counts, nproc, epochs, **env):
     "Replica group `g` with `NUM_REPLICA_GROUPS=counts[g]`, for each `g`: its own `torchrun` of `nproc` ranks, as torchft documents; started"
     return [subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc-per-node', str(nproc), str(SCRIPT), str(out), str(epochs)],
