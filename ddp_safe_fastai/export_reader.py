@@ -124,7 +124,7 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
     while True:
         if pos >= n: _refuse("a pickle without its STOP", pos, where)
         at,op = pos,data[pos]; pos += 1
-        # the commonest opcodes of an export first, as they are (the rest below, by name)
+        # the commonest opcodes of an export first, as they are (the rest below, by name: each opcode read in one place)
         if op == 0x72 or op == 0x6a:  # LONG_BINPUT, LONG_BINGET
             if pos + 4 > n: _refuse("an opcode past the end of the file", at, where)
             key = unpack('<I', data, pos)[0]; pos += 4
@@ -216,19 +216,12 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
         elif name == 'STOP':
             root, = pop()
             return PickleTree(root, found, dropped, pos, where, order)
-        elif name == 'MARK':
-            if len(marks) >= limits.marks: _refuse(f"more than {limits.marks} marks open", at, where)
-            marks.append(len(stack))
         elif name == 'POP':
             gone = [stack.pop()] if stack and not (marks and marks[-1] == len(stack)) else pop_mark()
             dropped.extend(g for g in gone if isinstance(g, Made))
         elif name == 'POP_MARK': dropped.extend(g for g in pop_mark() if isinstance(g, Made))
         elif name == 'DUP': stack.append(pop()[0]); stack.append(stack[-1])
         # --- plain values
-        elif name == 'NONE': stack.append(None)
-        elif name == 'NEWTRUE': stack.append(True)
-        elif name == 'NEWFALSE': stack.append(False)
-        elif name == 'BININT1': stack.append(take(1)[0])
         elif name == 'LONG4': stack.append(integer(int.from_bytes(take(unpack('<i', take(4))[0]), 'little', signed=True)))
         elif name == 'BINFLOAT': stack.append(unpack('>d', take(8))[0])
         elif name in ('INT', 'LONG', 'FLOAT'):
@@ -239,8 +232,8 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
                 else: v = integer(int(raw.rstrip(b'L')))
             except ValueError: _refuse(f"{name} of {raw[:40]!r}, not a number", at, where)
             stack.append(v)
-        elif name in ('SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8'):
-            k = take(1)[0] if name == 'SHORT_BINUNICODE' else unpack('<I' if name == 'BINUNICODE' else '<Q', take(4 if name == 'BINUNICODE' else 8))[0]
+        elif name == 'BINUNICODE8':
+            k = unpack('<Q', take(8))[0]
             try: stack.append(take(k).decode('utf-8', 'surrogatepass'))
             except UnicodeDecodeError: _refuse("a string that is not UTF-8", at, where)
         elif name == 'UNICODE':
@@ -256,11 +249,7 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
             raw,pos = _line(data, pos, where)
             stack.append(_text_string(raw, at, where).decode('latin-1'))
         # --- containers
-        elif name == 'EMPTY_TUPLE': stack.append(new(Container('tuple', [], at)))
-        elif name in ('TUPLE1', 'TUPLE2', 'TUPLE3'): stack.append(new(Container('tuple', pop(int(name[-1])), at)))
-        elif name == 'EMPTY_LIST': stack.append(new(Container('list', [], at)))
         elif name == 'LIST': stack.append(new(Container('list', pop_mark(), at)))
-        elif name == 'EMPTY_DICT': stack.append(new(Container('dict', [], at)))
         elif name == 'DICT':
             items = pop_mark()
             if len(items) % 2: _refuse("DICT with a key without its value", at, where)
@@ -274,20 +263,18 @@ def read_pickle(data, # the pickle's bytes (a file's part: read no further than 
             k,v = pop(2); target = made(pop()[0]); stack.append(target)
             (target.items if isinstance(target, Container) else target.pairs).append((k, v)); added(target)
         # --- the memo
-        elif name in ('PUT', 'BINPUT', 'LONG_BINPUT', 'MEMOIZE'):
+        elif name in ('PUT', 'MEMOIZE'):
             if name == 'PUT':
                 raw,pos = _line(data, pos, where)
                 try: key = int(raw)
                 except ValueError: _refuse("PUT of no number", at, where)
-            else: key = len(memo) if name == 'MEMOIZE' else take(1)[0] if name == 'BINPUT' else unpack('<I', take(4))[0]
+            else: key = len(memo)
             if not stack or marks and marks[-1] == len(stack): _refuse(f"{name} on an empty stack", at, where)
             memo[key] = stack[-1]
-        elif name in ('GET', 'BINGET', 'LONG_BINGET'):
-            if name == 'GET':
-                raw,pos = _line(data, pos, where)
-                try: key = int(raw)
-                except ValueError: _refuse("GET of no number", at, where)
-            else: key = take(1)[0] if name == 'BINGET' else unpack('<I', take(4))[0]
+        elif name == 'GET':
+            raw,pos = _line(data, pos, where)
+            try: key = int(raw)
+            except ValueError: _refuse("GET of no number", at, where)
             if key not in memo: _refuse(f"{name} of {key}, which the memo does not hold", at, where)
             stack.append(memo[key])
         # --- globals, calls, objects, states
