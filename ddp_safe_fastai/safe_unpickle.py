@@ -871,10 +871,10 @@ class ExportBuild:
         if type(node) is Container:
             return node.items[i:items] if node.kind != 'dict' else [x for kv in node.items[i:items] for x in kv]
         held,t = [],self.c.typed.get(id(node))
+        kind = kind_of_class(t.what) if isinstance(t.what, type) else None
+        whole = isinstance(node, Call) and isinstance(node.func, Global) and node.func.full in _CONSTRUCTED_STATE or kind is not None and KINDS[kind].state == 'handle'  # a state read as a whole
         for st in node.states[s:states]:
-            kind = kind_of_class(t.what) if isinstance(t.what, type) else None
-            if isinstance(node, Call) and isinstance(node.func, Global) and node.func.full in _CONSTRUCTED_STATE or kind is not None and KINDS[kind].state == 'handle':
-                held.append(st); continue
+            if whole: held.append(st); continue
             if isinstance(st, Container) and st.kind == 'tuple': parts = [kv for d in st.items if isinstance(d, Container) for kv in d.items]
             else: parts = st.items if isinstance(st, Container) else []
             dropped = _dropped_names(t.what) if isinstance(t.what, type) else ()
@@ -894,7 +894,7 @@ class ExportBuild:
             except TypeError: return _NOT  # an item that cannot be hashed
         if id(node) not in self.c.checked: return _NOT
         t = self.c.typed[id(node)]
-        if t.what == 'closure' and (waits := [c for c in t.obj[2] if type(c) not in _PLAIN_TYPES and id(c) not in self.built]):
+        if t.what == 'closure' and (waits := [c for c in self.needs(node) if type(c) not in _PLAIN_TYPES and id(c) not in self.built]):
             self.waiting.setdefault(id(waits[0]), []).append(node); return _NOT
         if type(node) is PersistentId: return t.obj if t.what == 'class' else self.storage(node)
         if type(node) is New:
@@ -909,12 +909,14 @@ class ExportBuild:
         if type(node) is Container:
             parts = node.items[i:items]
             made = self.values(parts if node.kind != 'dict' else [x for kv in parts for x in kv])
-            try:
-                if made is _NOT: raise TypeError
-                if node.kind == 'list': obj.extend(made)
-                elif node.kind == 'dict': obj.update(zip(made[::2], made[1::2]))
-                else: obj.update(made)
-            except TypeError: del self.built[id(node)]  # what it holds was not made, or cannot be hashed: it is not made
+            if made is not _NOT:
+                try:
+                    if node.kind == 'list': obj.extend(made)
+                    elif node.kind == 'dict': obj.update(zip(made[::2], made[1::2]))
+                    else: obj.update(made)
+                    return
+                except TypeError: pass  # a key or item that cannot be hashed
+            del self.built[id(node)]  # what it holds was not made, or cannot be hashed: it is not made
             return
         if type(node) is New:
             for st in node.states[s:states]: self.set_state(node, obj, st)
