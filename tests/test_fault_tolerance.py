@@ -228,18 +228,7 @@ def test_gradient_accumulation_refused_on_every_rank(tmp_path):
     """fastai's `GradientAccumulation` in a fit under torchft (a real lighthouse, a group of two ranks started by hand):
     every rank raises one error naming it, before any step (a group lost during a batch that only accumulates would leave
     half-averaged gradients in the sum), and nothing is written"""
-    from ddp_safe_fastai.ft_launch import Lighthouse
-    out,procs = tmp_path/'out',[]
-    with Lighthouse(min_replicas=1) as lighthouse:
-        try:
-            procs = groups_by_hand(out, lighthouse.url, (1,), nproc=2, epochs=1, GRAD_ACC='1')
-            said, = their_errors(procs, 120, "after it started")
-        finally:
-            for p in procs: kill_tree(p.pid)
-    assert procs[0].returncode != 0, said[-3000:]
-    for rank in (0, 1):
-        assert any(l.startswith(f'[rank{rank}]') and 'FaultTolerance does not train with GradientAccumulation' in l for l in said.splitlines()), (rank, said[-3000:])
-    assert not list(out.glob('models/**/manifest.json')) and not list(out.glob('log*.jsonl'))  # no checkpoint, no committed step
+    groups_fail_together(tmp_path/'out', (1,), lambda g: 'FaultTolerance does not train with GradientAccumulation', GRAD_ACC='1')
 
 def groups_by_hand(out, url, counts, nproc, epochs, **env):
     "Replica group `g` with `NUM_REPLICA_GROUPS=counts[g]`, for each `g`: its own `torchrun` of `nproc` ranks, as torchft documents; started"
@@ -255,24 +244,26 @@ def their_errors(procs, timeout, after):
         except subprocess.TimeoutExpired: pytest.fail(f"replica group {g} still runs {timeout} s {after}")
     return said
 
+def groups_fail_together(out, counts, said, **env):
+    "Groups started by hand (`groups_by_hand`, two ranks each, with `env`) under torchft's `torchft_lighthouse`, whose first quorum waits for them all: each group fails, every rank's error says `said(group)`, and no checkpoint or committed step is written"
+    from ddp_safe_fastai.ft_launch import Lighthouse
+    procs = []
+    with Lighthouse(min_replicas=len(counts)) as lighthouse:
+        try:
+            procs = groups_by_hand(out, lighthouse.url, counts, nproc=2, epochs=1, **env)
+            errs = their_errors(procs, 120, "after it started")
+        finally:
+            for p in procs: kill_tree(p.pid)
+    for g,(p,err) in enumerate(zip(procs, errs)):
+        assert p.returncode != 0, (g, err[-3000:])
+        for rank in (0, 1): assert any(l.startswith(f'[rank{rank}]') and said(g) in l for l in err.splitlines()), (g, rank, err[-3000:])
+    assert not list(out.glob('models/**/manifest.json')) and not list(out.glob('log*.jsonl'))  # no checkpoint, no committed step
+
 def test_groups_of_different_counts_fail_together(tmp_path):
     """Two groups started by hand, as torchft documents (a lighthouse, then each group's `torchrun`), one with
     `NUM_REPLICA_GROUPS=2` and one with 3: every rank of both groups raises one error naming the setting, at their first
     all-reduce, before any step, and no checkpoint is written"""
-    from ddp_safe_fastai.ft_launch import Lighthouse
-    out,procs = tmp_path/'out',[]
-    with Lighthouse(min_replicas=2) as lighthouse:  # torchft's `torchft_lighthouse`; the first quorum waits for both
-        try:
-            procs = groups_by_hand(out, lighthouse.url, (2, 3), nproc=2, epochs=1)
-            said = their_errors(procs, 120, "after it started")
-        finally:
-            for p in procs: kill_tree(p.pid)
-    for g,(p,err) in enumerate(zip(procs, said)):
-        assert p.returncode != 0, (g, err[-3000:])
-        for rank in (0, 1):
-            assert any(l.startswith(f'[rank{rank}]') and f"NUM_REPLICA_GROUPS={2+g}: the live replica groups were started with different" in l
-                       for l in err.splitlines()), (g, rank, err[-3000:])
-    assert not list(out.glob('models/**/manifest.json')) and not list(out.glob('log*.jsonl'))  # no checkpoint, no committed step
+    groups_fail_together(tmp_path/'out', (2, 3), lambda g: f"NUM_REPLICA_GROUPS={2+g}: the live replica groups were started with different")
 
 def test_lighthouse_gone_for_good(tmp_path):
     """Two groups started by hand with a lighthouse of the test's own, which is stopped mid-epoch and never comes back:
