@@ -13,9 +13,16 @@ g,r = os.environ['REPLICA_GROUP_ID'],os.environ['RANK']
 attempt = len([f for f in os.listdir(out) if f.startswith(f'g{g}-r{r}-')])
 u = urllib.parse.urlparse(os.environ['TORCHFT_LIGHTHOUSE']); socket.create_connection((u.hostname, u.port), timeout=5).close()  # it serves
 said = {k: os.environ[k] for k in ('REPLICA_GROUP_ID', 'NUM_REPLICA_GROUPS', 'TORCHFT_LIGHTHOUSE', 'RANK', 'WORLD_SIZE')}
-json.dump(dict(said, pid=os.getpid()), open(f'{out}/g{g}-r{r}-{attempt}.json', 'w'))
+json.dump(dict(said, pid=os.getpid(), torchrun=os.getppid()), open(f'{out}/g{g}-r{r}-{attempt}.tmp', 'w'))
+os.rename(f'{out}/g{g}-r{r}-{attempt}.tmp', f'{out}/g{g}-r{r}-{attempt}.json')  # whole, or not there
+def wait_for(*names):
+    while not all(os.path.exists(f'{out}/{n}.json') for n in names): time.sleep(0.1)
 if how == 'fail' and g == '0': sys.exit(3)  # group 0 fails whenever it starts
+if how == 'fail' and g == '1':  # it ends once ddp-safe-ft has left group 0: its second torchrun (--max-restarts 1) reaped
+    wait_for('g0-r0-1')
+    while os.path.exists(f"/proc/{json.load(open(f'{out}/g0-r0-1.json'))['torchrun']}"): time.sleep(0.1)
 if how == 'die' and g == '1' and r == '1' and attempt == 0: time.sleep(1); os.kill(os.getpid(), 9)  # a rank of group 1 dies once
+if how == 'die' and g != '1': wait_for('g1-r0-1', 'g1-r1-1')  # the others end only after group 1 was started again
 time.sleep(60 if how == 'wait' else 4)
 '''
 
