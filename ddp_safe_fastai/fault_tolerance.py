@@ -153,7 +153,8 @@ class FaultTolerance(Callback):
         if within and not self.checkpoint: resume_within_epoch(self.learn, *within)
         self.segment_start,self.done = ((self.checkpoint.segment_start, list(self.checkpoint.done)) if self.checkpoint
                                         else (within[0]['iter'], list(within[0]['done'])) if within else (0, []))
-        self.epoch_dl_rng,self.rng,self.next_at = [dl.rng.getstate() for dl in inner_dls(self.learn)],get_rng_state(),(self.epoch, self.segment_start)
+        # resumed within the epoch, the pass's random states are applied as its first batch is drawn (`ResumePoint`): until then, a peer that joins takes those
+        self.epoch_dl_rng,self.rng,self.next_at = [dl.rng.getstate() for dl in inner_dls(self.learn)],within[1] if within else get_rng_state(),(self.epoch, self.segment_start)
 
     def before_batch(self):
         "The step's quorum (the fit's first batch has `before_fit`'s); a batch this group's peers trained without it ends here"

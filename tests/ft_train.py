@@ -2,10 +2,11 @@
 but for a log of every committed step (the step, where the fit is, digests of the weights, the optimizer's state and the
 random states, this process's PID, whether its group writes).
 
-    ft_train.py OUT EPOCHS   # env: STEP_PAUSE (seconds a step), N (samples), CKPT=1 (a CheckpointCallback every 10 batches),
+    ft_train.py OUT EPOCHS   # env: STEP_PAUSE (seconds a step, until a file OUT/fast is made), N (samples), CKPT=1 (a CheckpointCallback every 10 batches),
                              # MEMORY=1 (a CheckpointCallback into node memory every batch),
                              # BEST=1 (a SafeSaveModelCallback), FINE_TUNE=1 (`fine_tune` instead of `fit`),
-                             # GRAD_ACC=1 (fastai's GradientAccumulation)"""
+                             # GRAD_ACC=1 (fastai's GradientAccumulation), JOIN_PAUSE (seconds a group started again waits before
+                             # its first batch's gradients are averaged: a test acts meanwhile)"""
 import os, sys, json, time, hashlib, torch
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.testing import synth_learner
@@ -14,6 +15,7 @@ from fastai.callback.training import GradientAccumulation
 
 out,epochs = sys.argv[1],int(sys.argv[2])
 group,pause = int(os.environ.get('REPLICA_GROUP_ID', 0)),float(os.environ.get('STEP_PAUSE', 0.02))
+started_again = os.path.exists(f"{out}/log{group}_{os.environ.get('RANK', 0)}.jsonl")  # a start of this group logged steps before
 learn = synth_learner(n=int(os.environ.get('N', 320)), path=out, seed=0)
 torch.manual_seed(100 + group); learn.model.reset_parameters()  # each group starts from weights of its own: one model all the same
 
@@ -35,9 +37,15 @@ class StepLog(Callback):
                    writes=run_group.writes, w=digest(self.learn.model.parameters()), opt=digest(opt), rng=digest([torch.get_rng_state()]),
                    pid=os.getpid(), t=time.time(), train_iter=self.learn.train_iter, losses=len(self.learn.recorder.losses))
         with open(f"{out}/log{group}_{rank_distrib()}.jsonl", 'a') as f: f.write(json.dumps(rec) + '\n')
-        time.sleep(pause)
+        if not os.path.exists(f"{out}/fast"): time.sleep(pause)  # a test that has done what it needed slow steps for makes it
 
-cbs = [StepLog()]
+class JoinPause(Callback):
+    "A group started again waits `JOIN_PAUSE` seconds before its first batch's gradients are averaged with its peers'"
+    order = 1002  # after `FaultTolerance`'s quorum
+    def after_loss(self):
+        if self.training and started_again and not getattr(self, 'waited', False): self.waited = True; time.sleep(float(os.environ['JOIN_PAUSE']))
+
+cbs = [StepLog()] + ([JoinPause()] if os.environ.get('JOIN_PAUSE') else [])
 if os.environ.get('CKPT'): cbs.append(CheckpointCallback(every_iters=10))
 if os.environ.get('MEMORY'): cbs.append(CheckpointCallback(memory_every_iters=1))
 if os.environ.get('BEST'): cbs.append(SafeSaveModelCallback(fname='best'))
