@@ -26,7 +26,7 @@ def torchvision_imports():
     except Exception: return False
     return True
 
-def digit_files(path, n=60):
+def digit_files(path, n=40):
     "`n` of scikit-learn's digits as `path/{train,valid}/LABEL/LABEL_N.png`, and each one's mask (`path/masks`)"
     from sklearn.datasets import load_digits
     d = load_digits()
