@@ -12,6 +12,7 @@ from fastai.learner import Learner, CancelBackwardException, CancelBatchExceptio
 from fastai.callback.core import Callback
 from fastai.callback.training import GradientAccumulation
 from fastai.distributed import DistributedTrainer, DistributedDL
+from .fastai_imports import fastai_defaults_kept
 from .errors import describe
 from .replica_groups import ReplicaSettings, replica_settings, check_lighthouse
 from .ranks import run_group, rank_distrib, num_distrib
@@ -23,6 +24,7 @@ from .train_state import (apply_state, capture_state, get_rng_state, set_rng_sta
                                          world_size, RecordedFloats)
 from .learner import model_device
 from .checkpoint import CheckpointCallback
+with fastai_defaults_kept(): from fastai.callback.fp16 import MixedPrecision
 try: from torchft import Manager, ProcessGroupGloo, ProcessGroupNCCL
 except ImportError: Manager = ProcessGroupGloo = ProcessGroupNCCL = None  # an optional extra: `check_lighthouse` says how to install it
 
@@ -51,7 +53,7 @@ class FaultTolerance(Callback):
         if self.settings is None: raise ValueError("FaultTolerance: TORCHFT_LIGHTHOUSE is not set: launch each replica group as torchft documents, or with `ddp-safe-ft`")
         store_attr('timeout,quorum_timeout')
         self.quorum_retries = _quorum_retries(quorum_retries)  # as torchft counts them: the error says how many
-        self.fit_no,self.discarded,self.left_out = -1,0,0
+        self.fit_no,self.discarded,self.left_out,self.retraining = -1,0,0,False
         self._init_state()
 
     def _init_state(self): self.manager,self.checkpoint,self.healed,self.losses = None,None,None,RecordedFloats()
@@ -165,7 +167,18 @@ class FaultTolerance(Callback):
         if self.healed: self._catch_up()
 
     def after_backward(self):
-        "Average the gradients over the live groups; with them, each group's `NUM_REPLICA_GROUPS` and its square, which agree only if every group's is the same"
+        "Average the gradients over the live groups; unless every live group's all-reduce succeeded, train the batch again until one does, before any callback's `before_step` sees them"
+        self._average()
+        if self.retraining: return  # the backward of `_train_again`: the loop below decides
+        self.retraining = True
+        try:
+            while not self.manager.should_commit():
+                self.discarded += 1
+                self._train_again()
+        finally: self.retraining = False
+
+    def _average(self):
+        "The gradients averaged over the live groups; with them, each group's `NUM_REPLICA_GROUPS` and its square, which agree only if every group's is the same"
         grads = [p.grad for p in self.learn.model.parameters() if p.grad is not None]
         if not grads: return
         n,dtype = self.settings.groups,torch.promote_types(grads[0].dtype, torch.float32)  # whole numbers, exact in float32
@@ -199,15 +212,11 @@ class FaultTolerance(Callback):
         learn.opt.zero_grad()
         self._quorum()
         if self.healed: self._catch_up()
+        for cb in learn.cbs:
+            if isinstance(cb, MixedPrecision): cb.autocast.__enter__()  # as its `before_batch` does (its `after_loss` leaves it)
         learn.pred = learn.model(*learn.xb); learn('after_pred')
         learn.loss_grad = learn.loss_func(learn.pred, *learn.yb); learn.loss = learn.loss_grad.clone(); learn('after_loss')
         learn._with_events(learn._backward, 'backward', CancelBackwardException)
-
-    def before_step(self):
-        "Step only once every live group's all-reduce succeeded; until then, train the batch again"
-        while not self.manager.should_commit():
-            self.discarded += 1
-            self._train_again()
 
     def after_batch(self):
         "A committed step: the next batch's place, the random states it starts from, and the shares of the groups that were not there"

@@ -6,12 +6,14 @@ random states, this process's PID, whether its group writes).
                              # MEMORY=1 (a CheckpointCallback into node memory every batch),
                              # BEST=1 (a SafeSaveModelCallback), FINE_TUNE=1 (`fine_tune` instead of `fit`),
                              # GRAD_ACC=1 (fastai's GradientAccumulation), JOIN_PAUSE (seconds a group started again waits before
-                             # its first batch's gradients are averaged: a test acts meanwhile)"""
+                             # its first batch's gradients are averaged: a test acts meanwhile), CLIP=1 (fastai's GradientClip,
+                             # max_norm 0.01), DIE_AT (group 1's first process kills itself after that step's forward,
+                             # its quorum taken, its all-reduce not)"""
 import os, sys, json, time, hashlib, torch
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.testing import synth_learner
 from fastai.callback.core import Callback
-from fastai.callback.training import GradientAccumulation
+from fastai.callback.training import GradientAccumulation, GradientClip
 
 out,epochs = sys.argv[1],int(sys.argv[2])
 group,pause = int(os.environ.get('REPLICA_GROUP_ID', 0)),float(os.environ.get('STEP_PAUSE', 0.02))
@@ -27,6 +29,13 @@ def digest(ts):
 class StepLog(Callback):
     "After every committed training step: where the fit is, and digests of what every live replica must hold alike"
     order = 1002  # after `FaultTolerance`
+    def before_step(self):  # the gradients the optimizer steps with, after every other callback's `before_step`
+        self.norm = float(torch.stack([p.grad.norm() for p in self.learn.model.parameters() if p.grad is not None]).norm())
+
+    def after_loss(self):
+        ft = next((cb for cb in self.learn.cbs if isinstance(cb, FaultTolerance)), None)
+        if ft and self.training and group == 1 and not started_again and ft.manager.current_step() == int(os.environ.get('DIE_AT', -1)): os.kill(os.getpid(), 9)
+
     def after_batch(self):
         if not self.training or not len(self.learn.yb): return  # a batch that ended without a step (`yb` emptied, as fastai's `Recorder` reads it)
         ft = next((cb for cb in self.learn.cbs if isinstance(cb, FaultTolerance)), None)  # None under plain torchrun (the benchmark's baseline)
@@ -35,7 +44,8 @@ class StepLog(Callback):
         rec = dict(step=ft.manager.current_step() if ft else self.learn.train_iter, fit=ft.fit_no if ft else 0, epoch=self.epoch, iter=self.iter,
                    live=ft.manager.num_participants() if ft else num_distrib(),
                    writes=run_group.writes, w=digest(self.learn.model.parameters()), opt=digest(opt), rng=digest([torch.get_rng_state()]),
-                   pid=os.getpid(), t=time.time(), train_iter=self.learn.train_iter, losses=len(self.learn.recorder.losses))
+                   pid=os.getpid(), t=time.time(), train_iter=self.learn.train_iter, losses=len(self.learn.recorder.losses),
+                   norm=self.norm, discarded=ft.discarded if ft else 0)
         with open(f"{out}/log{group}_{rank_distrib()}.jsonl", 'a') as f: f.write(json.dumps(rec) + '\n')
         if not os.path.exists(f"{out}/fast"): time.sleep(pause)  # a test that has done what it needed slow steps for makes it
 
@@ -50,6 +60,7 @@ if os.environ.get('CKPT'): cbs.append(CheckpointCallback(every_iters=10))
 if os.environ.get('MEMORY'): cbs.append(CheckpointCallback(memory_every_iters=1))
 if os.environ.get('BEST'): cbs.append(SafeSaveModelCallback(fname='best'))
 if os.environ.get('GRAD_ACC'): cbs.append(GradientAccumulation(n_acc=64))
+if os.environ.get('CLIP'): cbs.append(GradientClip(max_norm=0.01))
 with learn.distrib_ctx():
     if os.environ.get('FINE_TUNE'): learn.fine_tune(epochs, 1e-2, cbs=cbs)
     else: learn.fit(epochs, 1e-2, cbs=cbs)

@@ -166,6 +166,18 @@ def test_a_group_joins_from_a_peer_that_just_joined(tmp_path):
     logs,at = check_replicas(run)
     assert len(pids(logs[(0, 0)])) == len(pids(logs[(1, 0)])) == 2 and max(len(recs) for recs in at.values()) == 2
 
+def test_a_step_trained_again_is_clipped_as_any(tmp_path):
+    """fastai's `GradientClip` in the fit, `--min-replicas 2`. Group 1 dies after the forward of step 20, before its
+    all-reduce: group 0 discards the step, and trains the batch again with group 1 started again. The gradients every
+    replica steps with, those of a batch trained again included, went through `GradientClip`"""
+    run = Run(tmp_path, 2, epochs=1, flags=('--min-replicas', '2'), N=1600, STEP_PAUSE=0.02, CLIP=1, DIE_AT=20)
+    code = run.wait(timeout=200)
+    assert code == 0, run.said.read_text()[-3000:]
+    logs,_ = check_replicas(run)
+    recs = [r for rs in logs.values() for r in rs]
+    assert max(r['discarded'] for r in logs[(0, 0)]) >= 1, run.said.read_text()[-3000:]
+    assert max(r['norm'] for r in recs) <= 0.01 * 1.0001, sorted((r['norm'], r['step'], r['pid']) for r in recs)[-3:]
+
 def test_every_group_killed_resumes_from_its_checkpoint(tmp_path):
     "Two groups, both killed at once after a checkpoint: the same command goes on from the checkpoint and ends with the weights of the run that was never killed, bit for bit"
     flags = ('--min-replicas', '2')  # every step has both groups, as in the run that was never killed
