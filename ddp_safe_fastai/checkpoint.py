@@ -11,7 +11,7 @@ from fastcore.basics import *
 import numpy as np
 from fastai.callback.core import Callback
 from .errors import CheckpointError, describe
-from .ranks import check_scope, num_distrib, rank_distrib, run_prefix, say_on_rank0
+from .ranks import check_scope, num_distrib, rank_distrib, run_prefix, say_on_rank0, run_group
 from .rendezvous import group_store, join_launched_group
 from .locations import destination
 from .fastai_imports import fastai_defaults_kept
@@ -190,6 +190,11 @@ class CheckpointCallback(CallbackStorage, Callback):
         if self.schedule.memory_every_iters:
             self.tiers['memory'] = MemoryTier(self.where or str(self.root.absolute()), self.memory_dir, self.async_save, self.root)
         for tier in self.tiers.values(): tier.start()
+        if run_group.replicas == 1: self.abort_unfinished()  # torchft's groups: `FaultTolerance` calls it once its first quorum shows no writer alive
+
+    def abort_unfinished(self):
+        "Abort what killed runs left half-written in the tiers (a bucket's open uploads): once no process that wrote into them before is alive"
+        for tier in self.tiers.values(): tier.abort_unfinished()
 
     def before_fit(self):
         "Start the fit's tiers, resume it from the newest complete checkpoint of any tier, or skip it if a later fit's checkpoint exists"

@@ -68,14 +68,18 @@ class DurableTier(CheckpointTier):
     def where(self): return self.store.storage.where if self.store else str(self.root)
 
     def start(self):
-        "As a fit starts, on rank 0: abort the uploads a killed run left open in the store (a failure is only said), and start the uploads"
+        "As a fit starts, on rank 0: start the uploads"
+        if self.store is None or rank_distrib() != 0: return
+        self.uploads = BackgroundUploads(self._upload, self.store.storage, self.root, self.keep, self.upload_timeout, self.say)
+
+    def abort_unfinished(self):
+        "On rank 0, once no process that uploaded before is alive: abort the uploads a killed run left open in the store (a failure is only said)"
         if self.store is None or rank_distrib() != 0: return
         try: keys = self.store.storage.abort_unfinished_uploads()
         except Exception as e:
             keys = []
             self.say(f"unfinished uploads to {self.where} not aborted ({describe(e)}): their parts stay in the store")
         if keys: self.say(f"aborted {len(keys)} upload(s) to {self.where} that a killed run left unfinished: {', '.join(keys)}")
-        self.uploads = BackgroundUploads(self._upload, self.store.storage, self.root, self.keep, self.upload_timeout, self.say)
 
     def _upload(self, name, also):
         "Send checkpoint `name` as it was committed (`StoredCheckpoints.upload`), keeping those in `also`"

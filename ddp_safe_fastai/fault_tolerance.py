@@ -138,9 +138,11 @@ class FaultTolerance(Callback):
         self.manager.load_state_dict(dict(step=self.fit_no*_FIT_STEPS + self.learn.train_iter, batches_committed=self.manager.batches_committed()))
         self._quorum()
         if self.healed: self._join()
-        elif self.manager.num_participants() < s.groups and self.learn.train_iter == 0 and rank_distrib() == 0:
-            print(f"FaultTolerance: replica group {s.group} starts fit {self.fit_no} at its first batch with {self.manager.num_participants()} of "
-                  f"{s.groups} groups live and no checkpoint resumed", flush=True)
+        else:  # no peer's state taken: every group of this quorum starts here, and a process that uploaded before is gone
+            if run_group.writes and self.checkpoint: self.checkpoint.abort_unfinished()
+            if self.manager.num_participants() < s.groups and self.learn.train_iter == 0 and rank_distrib() == 0:
+                print(f"FaultTolerance: replica group {s.group} starts fit {self.fit_no} at its first batch with {self.manager.num_participants()} of "
+                      f"{s.groups} groups live and no checkpoint resumed", flush=True)
         self.quorum_taken = True  # the first batch's
 
     def _fell_behind(self, where):

@@ -24,6 +24,9 @@ class CheckpointTier(metaclass=abc.ABCMeta):  # no `__slots__` (`abc.ABC` has th
     def start(self):
         "As the fit starts, before its resume"
 
+    def abort_unfinished(self):
+        "Once no process that wrote into this tier before is alive (a fit's start; under torchft, its first quorum): abort what killed runs left half-written"
+
     @abc.abstractmethod
     def latest(self):
         "[(name, manifest, place)]: the complete checkpoints a resume may take that this rank finds (none on a rank that does not look)"

@@ -8,7 +8,7 @@ random states, this process's PID, whether its group writes).
                              # GRAD_ACC=1 (fastai's GradientAccumulation), JOIN_PAUSE (seconds a group started again waits before
                              # its first batch's gradients are averaged: a test acts meanwhile), CLIP=1 (fastai's GradientClip,
                              # max_norm 0.01), DIE_AT (group 1's first process kills itself after that step's forward,
-                             # its quorum taken, its all-reduce not)"""
+                             # its quorum taken, its all-reduce not), CKPT_URL (a CheckpointCallback into that bucket every 10 batches)"""
 import os, sys, json, time, hashlib, torch
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.testing import synth_learner
@@ -57,6 +57,7 @@ class JoinPause(Callback):
 
 cbs = [StepLog()] + ([JoinPause()] if os.environ.get('JOIN_PAUSE') else [])
 if os.environ.get('CKPT'): cbs.append(CheckpointCallback(every_iters=10))
+if os.environ.get('CKPT_URL'): cbs.append(CheckpointCallback(os.environ['CKPT_URL'], every_iters=10))
 if os.environ.get('MEMORY'): cbs.append(CheckpointCallback(memory_every_iters=1))
 if os.environ.get('BEST'): cbs.append(SafeSaveModelCallback(fname='best'))
 if os.environ.get('GRAD_ACC'): cbs.append(GradientAccumulation(n_acc=64))

@@ -150,7 +150,9 @@ def test_a_group_joins_from_a_peer_that_just_joined(tmp_path):
     run = Run(tmp_path, 2, epochs=1, flags=('--min-replicas', '2'), N=1600, STEP_PAUSE=0.05, JOIN_PAUSE=3)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all((r := run.last(g)) and r['step'] > 10 for g in range(2)): time.sleep(0.05)
+        while not all((r := run.last(g)) and r['step'] > 10 for g in range(2)):
+            assert time.monotonic() < deadline and run.p.poll() is None, "the groups did not train: " + run.said.read_text()[-3000:]
+            time.sleep(0.05)
         joined = run.said.read_text().count('replica group 1 joins its live peers')  # at the start too: the groups start from one state
         os.kill(run.last(1)['pid'], signal.SIGKILL)
         while run.said.read_text().count('replica group 1 joins its live peers') == joined:
@@ -165,6 +167,8 @@ def test_a_group_joins_from_a_peer_that_just_joined(tmp_path):
     assert said.count('replica group 0 joins its live peers') == joined + 1, said[-3000:]
     logs,at = check_replicas(run)
     assert len(pids(logs[(0, 0)])) == len(pids(logs[(1, 0)])) == 2 and max(len(recs) for recs in at.values()) == 2
+    first = next(r['step'] for r in logs[(1, 0)] if r['pid'] == pids(logs[(1, 0)])[1])  # group 1's first step after it joined...
+    assert at[(0, first)].get((0, 0), {}).get('pid') == pids(logs[(0, 0)])[1], "group 1 took a step before group 0 was killed"  # ...was with group 0 started again
 
 def test_a_step_trained_again_is_clipped_as_any(tmp_path):
     """fastai's `GradientClip` in the fit, `--min-replicas 2`. Group 1 dies after the forward of step 20, before its

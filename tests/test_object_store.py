@@ -2,14 +2,15 @@
 `CheckpointCallback` with an `s3://` URL against a real OpenStack Swift with its S3 API (tools/swift.sh), on 2 ranks
 under torchrun: uploads, a resume on a machine whose disk was wiped, the store's faults. The rank-side functions are
 the first in this file"""
-import os, io, time, shutil, contextlib, subprocess, sys
+import os, io, re, time, shutil, signal, contextlib, subprocess, sys
 from pathlib import Path
 import pytest, torch
 from fastai.basics import Callback
 from ddp_safe_fastai.all import *
-from ddp_safe_fastai.launch import torchrun_ranks
+from ddp_safe_fastai.launch import torchrun_ranks, kill_tree
 from ddp_safe_fastai.testing import synth_learner
 from conftest import values, ranks, Outage
+from test_fault_tolerance import Run, check_replicas
 
 class KillAfter(Callback):
     "Once epoch `epoch` is checkpointed and uploaded, and the best model too, say so in the file `marker` and wait to be killed"
@@ -309,6 +310,37 @@ def test_kill_during_an_upload(tmp_path, swift):
     assert r0['resumed_from'] == r1['resumed_from'] == 'epoch_0001'
     assert fs.cat_file(url[5:]+'/latest') == b'epoch_0003'
     assert sorted(u['Key'] for u in fs.list_multipart_uploads(bucket)) == ['other/state.pth', 'run/sub/epoch_0001/state.pth']
+
+def test_replica_groups_leave_the_writers_uploads(tmp_path, swift):
+    """torchft's replica groups (`ddp-safe-ft`, 2 groups) checkpointing to a bucket. An upload open there, as the
+    writer's in flight, is left alone when group 1 is killed, started again and joins its live peer. Every group killed
+    at once, the groups started again take the checkpoint, and the writer aborts the upload, as a killed run's"""
+    bucket,key = swift.bucket(),'run/epoch_0000_iter_000005/state.pth'  # a checkpoint's file under the run's prefix
+    fs = swift.fs()
+    opened = lambda: [u['Key'] for u in fs.list_multipart_uploads(bucket)]
+    run = Run(tmp_path, 2, epochs=2, N=3200, STEP_PAUSE=0.05, CKPT_URL=f"s3://{bucket}/run", **swift.env)
+    try:
+        deadline = time.monotonic() + 150
+        def until(done, what):
+            while not done(): assert time.monotonic() < deadline and run.p.poll() is None, what + run.said.read_text()[-3000:]; time.sleep(0.05)
+        until(lambda: all((r := run.last(g)) and r['step'] > 12 for g in range(2)), "the groups did not train: ")
+        up = fs.call_s3('create_multipart_upload', Bucket=bucket, Key=key)  # after the run's start, which aborts what it finds
+        fs.call_s3('upload_part', Bucket=bucket, Key=key, UploadId=up['UploadId'], PartNumber=1, Body=bytes(5*2**20))  # its part stored
+        joins = lambda: run.said.read_text().count('replica group 1 joins its live peers')
+        joined = joins()
+        os.kill(run.last(1)['pid'], signal.SIGKILL)
+        until(lambda: joins() > joined, "group 1 did not join again: ")
+        assert opened() == [key], "a group that joined a live writer aborted the uploads in the bucket"
+        steps = [run.last(g)['step'] for g in range(2)]
+        until(lambda: all(run.last(g)['step'] > s + 20 for g,s in enumerate(steps)), "the groups did not train on: ")
+        for g in range(2): os.kill(run.last(g)['pid'], signal.SIGKILL)
+        code = run.wait(timeout=200)
+    finally: kill_tree(run.p.pid)
+    said = run.said.read_text()
+    assert code == 0, said[-3000:]
+    assert re.search(rf"aborted \d+ upload\(s\) to \S+ that a killed run left unfinished: .*{re.escape(key)}", said) and opened() == [], said[-3000:]
+    assert 'resumed from' in said, said[-3000:]
+    check_replicas(run)
 
 def save_to_urls(root, bucket):
     "A fit with `SafeSaveModelCallback('s3://...')`, then `export('s3://...')`, then an export to a missing bucket: what each gave"
