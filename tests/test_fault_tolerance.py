@@ -124,23 +124,39 @@ def test_groups_train_on_through_kills(tmp_path):
     assert ckpts and all(why_incomplete(d) is None for d in ckpts), {d.name: why_incomplete(d) for d in ckpts}
 
 def test_two_groups_of_two_processes(tmp_path):
-    "Two groups of two ranks each (DDP inside a group): a rank of group 1 killed, then a rank of group 0; each group is started again, all of it, and joins; every rank of every live group alike at every step"
-    run = Run(tmp_path, 2, nproc=2, epochs=2, N=4800, STEP_PAUSE=0.05)
-    kills,deadline = [],time.monotonic() + 150
+    """Two groups of two ranks each (DDP inside a group): a rank of group 1 killed, then a rank of group 0; each group is
+    started again, all of it, and joins; every rank of every live group alike at every step. Steps take 0.1 s until both
+    joined again (the run outlasts the starts), then as long as they take"""
+    run = Run(tmp_path, 2, nproc=2, epochs=4, N=4800, STEP_PAUSE=0.1)
+    kills,deadline = [],time.monotonic() + 240
     try:
-        for g,rank in ((1, 1), (0, 0)):
-            while time.monotonic() < deadline:  # each kill once both groups train, the second after the first group joined again
+        for g,rank in ((1, 1), (0, 0), (None, None)):
+            while True:  # each kill once both groups train, the second after the first group joined again; then both joined again
+                assert time.monotonic() < deadline and run.p.poll() is None, f"the four ranks did not train (kills: {kills}): " + run.said.read_text()[-3000:]
                 time.sleep(0.05)
                 recs = [run.records(h, k) for h in range(2) for k in range(2)]
                 if all(r and time.time() - r[-1]['t'] < 0.5 and r[-1]['pid'] not in {p for _,p,_ in kills} for r in recs): break
+            if g is None: break
             r = run.records(g, rank)[-1]
             os.kill(r['pid'], signal.SIGKILL); kills.append((g, r['pid'], r['step']))
+        (run.out/'fast').touch()
         code = run.wait(timeout=200)
     finally: kill_tree(run.p.pid)
     assert code == 0, run.said.read_text()[-3000:]
     logs,at = check_replicas(run)
     assert run.said.read_text().count('joins its live peers at epoch') >= 2
     assert max(len(recs) for recs in at.values()) == 4  # steps with all four ranks
+
+@pytest.mark.xfail(strict=True, reason="a known bug, not fixed: groups of several processes that take their first quorum together at "
+                   "step 0 start from different groups' weights inside one group: torchft's `init_sync` gives each local rank its own "
+                   "source group (rank 0 group 0's, rank 1 group 1's)")
+def test_groups_of_two_processes_that_start_together(tmp_path):
+    "Two groups of two ranks each, each group initialising its model differently, `--min-replicas 2`: their first quorum has both at step 0, and every rank of every group takes one state there"
+    run = Run(tmp_path, 2, nproc=2, epochs=1, flags=('--min-replicas', '2'), N=800, STEP_PAUSE=0.02)
+    try: code = run.wait(timeout=200)
+    finally: kill_tree(run.p.pid)
+    assert code == 0, run.said.read_text()[-3000:]
+    check_replicas(run)
 
 def test_a_group_joins_from_a_peer_that_just_joined(tmp_path):
     """Two groups, `--min-replicas 2`. Group 1 killed, started again, joins from group 0; group 0 killed before their

@@ -314,11 +314,12 @@ def test_kill_during_an_upload(tmp_path, swift):
 def test_replica_groups_leave_the_writers_uploads(tmp_path, swift):
     """torchft's replica groups (`ddp-safe-ft`, 2 groups) checkpointing to a bucket. An upload open there, as the
     writer's in flight, is left alone when group 1 is killed, started again and joins its live peer. Every group killed
-    at once, the groups started again take the checkpoint, and the writer aborts the upload, as a killed run's"""
+    at once, the groups started again take the checkpoint, and the writer aborts the upload, as a killed run's.
+    `--min-replicas 2`: no step without both groups, however long a start takes"""
     bucket,key = swift.bucket(),'run/epoch_0000_iter_000005/state.pth'  # a checkpoint's file under the run's prefix
     fs = swift.fs()
     opened = lambda: [u['Key'] for u in fs.list_multipart_uploads(bucket)]
-    run = Run(tmp_path, 2, epochs=2, N=3200, STEP_PAUSE=0.05, CKPT_URL=f"s3://{bucket}/run", **swift.env)
+    run = Run(tmp_path, 2, epochs=2, flags=('--min-replicas', '2'), N=3200, STEP_PAUSE=0.05, CKPT_URL=f"s3://{bucket}/run", **swift.env)
     try:
         deadline = time.monotonic() + 150
         def until(done, what):
