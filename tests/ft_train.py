@@ -29,16 +29,14 @@ def digest(ts):
 class StepLog(Callback):
     "After every committed training step: where the fit is, and digests of what every live replica must hold alike"
     order = 1002  # after `FaultTolerance`
+    def before_fit(self): self.ft = next((cb for cb in self.learn.cbs if isinstance(cb, FaultTolerance)), None)  # None under plain torchrun (the benchmark's baseline)
+
     def before_step(self):  # the gradients the optimizer steps with, after every other callback's `before_step`
         self.norm = float(torch.stack([p.grad.norm() for p in self.learn.model.parameters() if p.grad is not None]).norm())
 
-    def after_loss(self):
-        ft = next((cb for cb in self.learn.cbs if isinstance(cb, FaultTolerance)), None)
-        if ft and self.training and group == 1 and not started_again and ft.manager.current_step() == int(os.environ.get('DIE_AT', -1)): os.kill(os.getpid(), 9)
-
     def after_batch(self):
         if not self.training or not len(self.learn.yb): return  # a batch that ended without a step (`yb` emptied, as fastai's `Recorder` reads it)
-        ft = next((cb for cb in self.learn.cbs if isinstance(cb, FaultTolerance)), None)  # None under plain torchrun (the benchmark's baseline)
+        ft = self.ft
         opt = self.learn.opt.state
         opt = [st[k] for p in self.learn.model.parameters() for st in [opt.get(p, {})] for k in sorted(st) if isinstance(st[k], torch.Tensor)]
         rec = dict(step=ft.manager.current_step() if ft else self.learn.train_iter, fit=ft.fit_no if ft else 0, epoch=self.epoch, iter=self.iter,
@@ -55,7 +53,14 @@ class JoinPause(Callback):
     def after_loss(self):
         if self.training and started_again and not getattr(self, 'waited', False): self.waited = True; time.sleep(float(os.environ['JOIN_PAUSE']))
 
-cbs = [StepLog()] + ([JoinPause()] if os.environ.get('JOIN_PAUSE') else [])
+class DieAt(Callback):
+    "Group 1's first process kills itself after the forward of step `DIE_AT`: its quorum taken, its all-reduce not"
+    order = 1002  # after `FaultTolerance`'s quorum
+    def before_fit(self): self.ft = next(cb for cb in self.learn.cbs if isinstance(cb, FaultTolerance))
+    def after_loss(self):
+        if self.training and group == 1 and not started_again and self.ft.manager.current_step() == int(os.environ['DIE_AT']): os.kill(os.getpid(), 9)
+
+cbs = [StepLog()] + ([JoinPause()] if os.environ.get('JOIN_PAUSE') else []) + ([DieAt()] if os.environ.get('DIE_AT') else [])
 if os.environ.get('CKPT'): cbs.append(CheckpointCallback(every_iters=10))
 if os.environ.get('CKPT_URL'): cbs.append(CheckpointCallback(os.environ['CKPT_URL'], every_iters=10))
 if os.environ.get('MEMORY'): cbs.append(CheckpointCallback(memory_every_iters=1))

@@ -40,6 +40,16 @@ class Run:
         r = self.tail(group, 1)
         return r[-1] if r else None
 
+    def joins(self, group):
+        "How many times replica group `group` has joined its live peers so far, as the launcher's output says"
+        return self.said.read_text().count(f'replica group {group} joins its live peers')
+
+    def until(self, done, what, deadline):
+        "Poll `done()` until it is true; fail saying `what` (and the launcher's last words) once `deadline` (`time.monotonic()`) passes or the launcher ends"
+        while not done():
+            assert time.monotonic() < deadline and self.p.poll() is None, what + ': ' + self.said.read_text()[-3000:]
+            time.sleep(0.05)
+
     def wait(self, timeout=240):
         "The launcher's exit code; on a timeout, which groups' replicas had stopped logging, and where"
         try: return self.p.wait(timeout)
@@ -130,12 +140,11 @@ def test_two_groups_of_two_processes(tmp_path):
     run = Run(tmp_path, 2, nproc=2, epochs=4, N=4800, STEP_PAUSE=0.1)
     kills,deadline = [],time.monotonic() + 240
     try:
-        for g,rank in ((1, 1), (0, 0), (None, None)):
-            while True:  # each kill once both groups train, the second after the first group joined again; then both joined again
-                assert time.monotonic() < deadline and run.p.poll() is None, f"the four ranks did not train (kills: {kills}): " + run.said.read_text()[-3000:]
-                time.sleep(0.05)
-                recs = [run.records(h, k) for h in range(2) for k in range(2)]
-                if all(r and time.time() - r[-1]['t'] < 0.5 and r[-1]['pid'] not in {p for _,p,_ in kills} for r in recs): break
+        def all_train():
+            recs = [run.records(h, k) for h in range(2) for k in range(2)]
+            return all(r and time.time() - r[-1]['t'] < 0.5 and r[-1]['pid'] not in {p for _,p,_ in kills} for r in recs)
+        for g,rank in ((1, 1), (0, 0), (None, None)):  # each kill once both groups train, the second after the first group joined again; then both joined again
+            run.until(all_train, f"the four ranks did not train (kills: {kills})", deadline)
             if g is None: break
             r = run.records(g, rank)[-1]
             os.kill(r['pid'], signal.SIGKILL); kills.append((g, r['pid'], r['step']))
@@ -166,21 +175,16 @@ def test_a_group_joins_from_a_peer_that_just_joined(tmp_path):
     run = Run(tmp_path, 2, epochs=1, flags=('--min-replicas', '2'), N=1600, STEP_PAUSE=0.05, JOIN_PAUSE=3)
     try:
         deadline = time.monotonic() + 120
-        while not all((r := run.last(g)) and r['step'] > 10 for g in range(2)):
-            assert time.monotonic() < deadline and run.p.poll() is None, "the groups did not train: " + run.said.read_text()[-3000:]
-            time.sleep(0.05)
-        joined = run.said.read_text().count('replica group 1 joins its live peers')  # at the start too: the groups start from one state
+        run.until(lambda: all((r := run.last(g)) and r['step'] > 10 for g in range(2)), "the groups did not train", deadline)
+        joined = run.joins(1)  # at the start too: the groups start from one state
         os.kill(run.last(1)['pid'], signal.SIGKILL)
-        while run.said.read_text().count('replica group 1 joins its live peers') == joined:
-            assert time.monotonic() < deadline and run.p.poll() is None, "group 1 did not join: " + run.said.read_text()[-3000:]
-            time.sleep(0.05)
-        joined = run.said.read_text().count('replica group 0 joins its live peers')
+        run.until(lambda: run.joins(1) > joined, "group 1 did not join", deadline)
+        joined = run.joins(0)
         os.kill(run.last(0)['pid'], signal.SIGKILL)
         code = run.wait(timeout=200)
     finally: kill_tree(run.p.pid)
     assert code == 0, run.said.read_text()[-3000:]
-    said = run.said.read_text()
-    assert said.count('replica group 0 joins its live peers') == joined + 1, said[-3000:]
+    assert run.joins(0) == joined + 1, run.said.read_text()[-3000:]
     logs,at = check_replicas(run)
     assert len(pids(logs[(0, 0)])) == len(pids(logs[(1, 0)])) == 2 and max(len(recs) for recs in at.values()) == 2
     first = next(r['step'] for r in logs[(1, 0)] if r['pid'] == pids(logs[(1, 0)])[1])  # group 1's first step after it joined...

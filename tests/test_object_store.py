@@ -322,18 +322,15 @@ def test_replica_groups_leave_the_writers_uploads(tmp_path, swift):
     run = Run(tmp_path, 2, epochs=2, flags=('--min-replicas', '2'), N=3200, STEP_PAUSE=0.05, CKPT_URL=f"s3://{bucket}/run", **swift.env)
     try:
         deadline = time.monotonic() + 150
-        def until(done, what):
-            while not done(): assert time.monotonic() < deadline and run.p.poll() is None, what + run.said.read_text()[-3000:]; time.sleep(0.05)
-        until(lambda: all((r := run.last(g)) and r['step'] > 12 for g in range(2)), "the groups did not train: ")
+        run.until(lambda: all((r := run.last(g)) and r['step'] > 12 for g in range(2)), "the groups did not train", deadline)
         up = fs.call_s3('create_multipart_upload', Bucket=bucket, Key=key)  # after the run's start, which aborts what it finds
         fs.call_s3('upload_part', Bucket=bucket, Key=key, UploadId=up['UploadId'], PartNumber=1, Body=bytes(5*2**20))  # its part stored
-        joins = lambda: run.said.read_text().count('replica group 1 joins its live peers')
-        joined = joins()
+        joined = run.joins(1)
         os.kill(run.last(1)['pid'], signal.SIGKILL)
-        until(lambda: joins() > joined, "group 1 did not join again: ")
+        run.until(lambda: run.joins(1) > joined, "group 1 did not join again", deadline)
         assert opened() == [key], "a group that joined a live writer aborted the uploads in the bucket"
         steps = [run.last(g)['step'] for g in range(2)]
-        until(lambda: all(run.last(g)['step'] > s + 20 for g,s in enumerate(steps)), "the groups did not train on: ")
+        run.until(lambda: all(run.last(g)['step'] > s + 20 for g,s in enumerate(steps)), "the groups did not train on", deadline)
         for g in range(2): os.kill(run.last(g)['pid'], signal.SIGKILL)
         code = run.wait(timeout=200)
     finally: kill_tree(run.p.pid)
