@@ -143,7 +143,18 @@ class FaultTolerance(Callback):
             if self.manager.num_participants() < s.groups and self.learn.train_iter == 0 and rank_distrib() == 0:
                 print(f"FaultTolerance: replica group {s.group} starts fit {self.fit_no} at its first batch with {self.manager.num_participants()} of "
                       f"{s.groups} groups live and no checkpoint resumed", flush=True)
+        if num_distrib() > 1 and self.manager.current_step() == 0 and self.manager.num_participants() > 1: self._rank0_state_in_group()
         self.quorum_taken = True  # the first batch's
+
+    def _rank0_state_in_group(self):
+        "Every live group was at step 0: torchft gave each local rank r the state of the r-th live group's rank r. The group's ranks take their rank 0's, as DDP's construction broadcasts its weights, each keeping the random states it took"
+        learn = self.learn
+        self.epoch_dl_rng,self.rng = [dl.rng.getstate() for dl in inner_dls(learn)],get_rng_state()  # those its own join applied
+        sent = [self._state_for_peer() if rank_distrib() == 0 else None]
+        torch.distributed.broadcast_object_list(sent, src=0)
+        if rank_distrib() != 0:
+            apply_state(learn, sent[0]['state'], self.rng, what=f"rank {rank_distrib()} of replica group {self.settings.group} takes its rank 0's state")
+            self.epoch_dl_rng = [dl.rng.getstate() for dl in inner_dls(learn)]
 
     def _fell_behind(self, where):
         self.healed = None
