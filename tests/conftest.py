@@ -3,6 +3,7 @@ launcher environment. Where the launcher is not what a test is about, its two ra
 started once (`launch.RankPool`): a process of its own on each rank for each test, with a process group of its own"""
 import os, sys, time, shutil, threading, importlib, subprocess, pytest
 from pathlib import Path
+os.environ.setdefault('OMP_NUM_THREADS', '1')  # as `tools/test.sh` runs the suite, and torchrun its workers: processes that run at once share the cores (set before torch is imported)
 from ddp_safe_fastai.launch import spawn_ranks, torchrun_ranks, free_port, RankPool
 
 os.environ.setdefault('DDP_SAFE_TIMEOUT', '60')  # a stuck all-gather fails a test within a minute, naming the ranks
