@@ -114,6 +114,7 @@ class FaultTolerance(Callback):
         state,rng = sent['state'],sent['rng']
         apply_state(self.learn, state, rng, what=f"replica group {s.group} joins its peers")
         self.within = (state, rng) if state['done'] else None
+        if not self.within: self._hold_states()  # the peer's, which `apply_state` gave this process
         if self.checkpoint: self.checkpoint.within = self.within  # it resumes the epoch's pass, as from its own checkpoint
         if rank_distrib() == 0: print(f"FaultTolerance: replica group {s.group} joins its live peers at epoch {state['epoch']}, batch {state['iter']} "
                                       f"(step {self.manager.current_step() % _FIT_STEPS} of fit {self.fit_no})", flush=True)
@@ -132,7 +133,7 @@ class FaultTolerance(Callback):
         self.learn.dls.loaders[0] = DistributedDL(unwrapped(self.dls.train), s.group*nproc + rank_distrib(), s.groups*nproc, device=model_device(self.learn.model))
         self.checkpoint = next((cb for cb in self.learn.cbs if isinstance(cb, CheckpointCallback)), None)
         self.within = self.checkpoint.within if self.checkpoint else None
-        self.epoch_dl_rng,self.rng = [dl.rng.getstate() for dl in inner_dls(self.learn)],get_rng_state()
+        self._hold_states()
         self.next_at,self.discarded,self.left_out,self.skip_to = (point.epoch if point else 0, 0),0,0,None
         if self.manager is None: self.manager = self._manager()
         self.manager.load_state_dict(dict(step=self.fit_no*_FIT_STEPS + self.learn.train_iter, batches_committed=self.manager.batches_committed()))
@@ -148,13 +149,15 @@ class FaultTolerance(Callback):
 
     def _rank0_state_in_group(self):
         "Every live group was at step 0: torchft gave each local rank r the state of the r-th live group's rank r. The group's ranks take their rank 0's, as DDP's construction broadcasts its weights, each keeping the random states it took"
-        learn = self.learn
-        self.epoch_dl_rng,self.rng = [dl.rng.getstate() for dl in inner_dls(learn)],get_rng_state()  # those its own join applied
         sent = [self._state_for_peer() if rank_distrib() == 0 else None]
         torch.distributed.broadcast_object_list(sent, src=0)
         if rank_distrib() != 0:
-            apply_state(learn, sent[0]['state'], self.rng, what=f"rank {rank_distrib()} of replica group {self.settings.group} takes its rank 0's state")
-            self.epoch_dl_rng = [dl.rng.getstate() for dl in inner_dls(learn)]
+            apply_state(self.learn, sent[0]['state'], self.rng, what=f"rank {rank_distrib()} of replica group {self.settings.group} takes its rank 0's state")
+            self._hold_states()
+
+    def _hold_states(self):
+        "The shuffle's and random states this process holds now: where its next batch starts, as a peer that joins takes it"
+        self.epoch_dl_rng,self.rng = [dl.rng.getstate() for dl in inner_dls(self.learn)],get_rng_state()
 
     def _fell_behind(self, where):
         self.healed = None
