@@ -17,7 +17,7 @@ def test_tokenizer_cache(how, launcher, tmp_path):
     t.make_texts(tmp_path/'txt')
     for trial in range(2):  # made once, then read from the cache
         args = (t.text_from_folder, str(tmp_path/'txt'), how)
-        r0,r1 = values(pool(launcher, 2).run(*args, init=False, timeout=180))  # ranks the launcher started, from the session's pool
+        r0,r1 = values(pool(launcher, 2).run(*args, init=False, timeout=300))  # ranks the launcher started, from the session's pool
         assert r0['vocab'] == r1['vocab'] and r0['size'] > 8
         assert r0['tokenized'] + r1['tokenized'] == (1 if trial == 0 else 0), (r0, r1)
     assert sorted(p.name for p in (tmp_path/'txt_tok').iterdir()) == ['counter.pkl', 'lengths.pkl', 'test', 'train']

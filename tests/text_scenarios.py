@@ -2,6 +2,7 @@
 tokenizer caches made once (a folder, a CSV, SentencePiece), a node's own copy of the texts"""
 from pathlib import Path
 import torch
+from fastcore.xtras import modified_env
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.testing import synth_text_learner
 from writers_scenarios import digest, files_under, counting
@@ -30,7 +31,8 @@ def text_from_folder(path, how='every rank'):
     from fastai.text.all import TextDataLoaders
     calls = []; counting(fastai.text.core, 'parallel_tokenize', calls)
     make = lambda: TextDataLoaders.from_folder(path, valid='test', bs=4)
-    dls = make() if how == 'every rank' else rank0_first(make)
+    # rank 0 tokenizes while the others wait: over a minute on a busy machine (fastai starts its tokenizing processes)
+    with modified_env(DDP_SAFE_TIMEOUT='280'): dls = make() if how == 'every rank' else rank0_first(make)
     return dict(vocab=digest(dls.vocab), size=len(dls.vocab[0]), tokenized=len(calls))
 
 def csv_tokenized(root):
