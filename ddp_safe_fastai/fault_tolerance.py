@@ -5,9 +5,11 @@
 # %% ../nbs/49_fault_tolerance.ipynb #4f1a0c02
 from __future__ import annotations
 import os, socket
+from functools import reduce
 from datetime import timedelta
 import torch
 from fastcore.basics import store_attr
+from fastai.torch_core import apply
 from fastai.learner import Learner, CancelBackwardException, CancelBatchException
 from fastai.callback.core import Callback
 from fastai.callback.training import GradientAccumulation
@@ -44,7 +46,7 @@ _FIT_STEPS = 2**40  # a fit's share of torchft's step count: replicas are ordere
 class FaultTolerance(Callback):
     "Train on torchft's replica groups: a quorum every step, the gradients averaged over the live groups, the step committed or trained again; a group behind its peers takes their training state"
     order = CheckpointCallback.order + 1  # after a resume from a checkpoint, which a live peer's state then overrides
-    _stateattrs = ('manager', 'checkpoint', 'healed', 'losses')  # a fit's parts: never pickled
+    _stateattrs = ('manager', 'checkpoint', 'healed', 'losses', 'buffers')  # a fit's parts: never pickled
     def __init__(self, settings:ReplicaSettings|None=None, # default: from the environment (`replica_settings`)
                  timeout=30, # seconds a collective, a commit or a state transfer between groups may take (a hung group holds the others this long)
                  quorum_timeout=60, # seconds to wait for a quorum
@@ -56,7 +58,7 @@ class FaultTolerance(Callback):
         self.fit_no,self.discarded,self.left_out,self.retraining = -1,0,0,False
         self._init_state()
 
-    def _init_state(self): self.manager,self.checkpoint,self.healed,self.losses = None,None,None,RecordedFloats()
+    def _init_state(self): self.manager,self.checkpoint,self.healed,self.losses,self.buffers = None,None,None,RecordedFloats(),[]
 
     def _manager(self):
         "torchft's `Manager` for this fit; an error naming `TORCHFT_LIGHTHOUSE` on every rank if no lighthouse answers there"
@@ -79,7 +81,8 @@ class FaultTolerance(Callback):
                 try: state = capture_state(learn, self.fit_no, self.epoch_dl_rng, self.done + [(world_size(), iter - self.segment_start)], losses=self.losses)
                 finally: learn.epoch,learn.iter = was
             rng = self.rng
-        return dict(fit=self.fit_no, state=state, rng=rng)
+        # torchft serves a CPU state by reference while this process trains on: its next forward would change the buffers handed over
+        return dict(fit=self.fit_no, state=apply(lambda o: o.clone() if isinstance(o, torch.Tensor) else o, state), rng=rng)
 
     def _take_state(self, sent):
         "torchft hands this group a live peer's state (it was behind): kept, and applied where the callback can"
@@ -175,12 +178,14 @@ class FaultTolerance(Callback):
         self.epoch_dl_rng,self.rng,self.next_at = [dl.rng.getstate() for dl in inner_dls(self.learn)],within[1] if within else get_rng_state(),(self.epoch, self.segment_start)
 
     def before_batch(self):
-        "The step's quorum (the fit's first batch has `before_fit`'s); a batch this group's peers trained without it ends here"
+        "The step's quorum (the fit's first batch has `before_fit`'s); a batch this group's peers trained without it ends here; the buffers the batch starts from"
         if not self.training: return
         if self.skip_to is not None: self.learn.yb = (); raise CancelBatchException
-        if self.quorum_taken: self.quorum_taken = False; return
-        self._quorum()
-        if self.healed: self._catch_up()
+        if self.quorum_taken: self.quorum_taken = False
+        else:
+            self._quorum()
+            if self.healed: self._catch_up()
+        self.buffers = [b.clone() for b in self.learn.model.buffers()]  # a step trained again starts from them: its forward updates them once
 
     def after_backward(self):
         "Average the gradients over the live groups; unless every live group's all-reduce succeeded, train the batch again until one does, before any callback's `before_step` sees them"
@@ -194,14 +199,17 @@ class FaultTolerance(Callback):
         finally: self.retraining = False
 
     def _average(self):
-        "The gradients averaged over the live groups; with them, each group's `NUM_REPLICA_GROUPS` and its square, which agree only if every group's is the same"
-        grads = [p.grad for p in self.learn.model.parameters() if p.grad is not None]
+        "The gradients and the floating-point buffers averaged over the live groups; with them, each group's `NUM_REPLICA_GROUPS` and its square, which agree only if every group's is the same"
+        model = self.learn.model
+        grads = [p.grad for p in model.parameters() if p.grad is not None]
         if not grads: return
-        n,dtype = self.settings.groups,torch.promote_types(grads[0].dtype, torch.float32)  # whole numbers, exact in float32
-        flat = torch.cat([*(g.reshape(-1).to(dtype) for g in grads), grads[0].new_tensor([n, n*n], dtype=dtype)])
+        ts = grads + [b for b in model.buffers() if b.is_floating_point()]
+        n,dtype = self.settings.groups,reduce(torch.promote_types, [t.dtype for t in ts], torch.float32)  # whole numbers, exact in float32
+        flat = torch.cat([*(t.reshape(-1).to(dtype) for t in ts), grads[0].new_tensor([n, n*n], dtype=dtype)])
         self.manager.allreduce(flat).wait()
-        if self.manager.errored() is None: self._check_groups(*flat[-2:].tolist())  # else the step is discarded: the values may be half-reduced
-        for g,avg in zip(grads, flat[:-2].split([g.numel() for g in grads])): g.copy_(avg.view_as(g))
+        if self.manager.errored() is not None: return  # the step is discarded, the values may be half-reduced: each keeps its own
+        self._check_groups(*flat[-2:].tolist())
+        for t,avg in zip(ts, flat[:-2].split([t.numel() for t in ts])): t.copy_(avg.view_as(t))
 
     def _check_groups(self, mean, mean_square):
         "The groups' `NUM_REPLICA_GROUPS` all alike (their variance is 0), or an error on every rank of every live group, before the step"
@@ -226,6 +234,7 @@ class FaultTolerance(Callback):
         "The step was discarded: a new quorum, then the batch's forward and backward again, as fastai's `Learner._do_one_batch` runs them"
         learn = self.learn
         learn.opt.zero_grad()
+        for b,was in zip(learn.model.buffers(), self.buffers): b.copy_(was)
         self._quorum()
         if self.healed: self._catch_up()
         for cb in learn.cbs:

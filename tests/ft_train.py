@@ -8,18 +8,23 @@ random states, this process's PID, whether its group writes).
                              # GRAD_ACC=1 (fastai's GradientAccumulation), JOIN_PAUSE (seconds a group started again waits before
                              # its first batch's gradients are averaged: a test acts meanwhile), CLIP=1 (fastai's GradientClip,
                              # max_norm 0.01), DIE_AT (group 1's first process kills itself after that step's forward,
-                             # its quorum taken, its all-reduce not), CKPT_URL (a CheckpointCallback into that bucket every 10 batches)"""
+                             # its quorum taken, its all-reduce not), CKPT_URL (a CheckpointCallback into that bucket every 10 batches),
+                             # BN=1 (a BatchNorm before the linear layer: buffers, running statistics)"""
 import os, sys, json, time, hashlib, torch
 from ddp_safe_fastai.all import *
 from ddp_safe_fastai.testing import synth_learner
 from fastai.callback.core import Callback
 from fastai.callback.training import GradientAccumulation, GradientClip
+from torch import nn
 
 out,epochs = sys.argv[1],int(sys.argv[2])
 group,pause = int(os.environ.get('REPLICA_GROUP_ID', 0)),float(os.environ.get('STEP_PAUSE', 0.02))
 started_again = os.path.exists(f"{out}/log{group}_{os.environ.get('RANK', 0)}.jsonl")  # a start of this group logged steps before
 learn = synth_learner(n=int(os.environ.get('N', 320)), path=out, seed=0)
-torch.manual_seed(100 + group); learn.model.reset_parameters()  # each group starts from weights of its own: one model all the same
+if os.environ.get('BN'): learn.model = nn.Sequential(nn.BatchNorm1d(4), nn.Linear(4, 1))
+torch.manual_seed(100 + group)  # each group starts from weights of its own: one model all the same
+for m in learn.model.modules(): getattr(m, 'reset_parameters', lambda: None)()
+batchnorms = [m for m in learn.model.modules() if isinstance(m, nn.BatchNorm1d)]
 
 def digest(ts):
     h = hashlib.sha256()
@@ -42,6 +47,7 @@ class StepLog(Callback):
         rec = dict(step=ft.manager.current_step() if ft else self.learn.train_iter, fit=ft.fit_no if ft else 0, epoch=self.epoch, iter=self.iter,
                    live=ft.manager.num_participants() if ft else num_distrib(),
                    writes=run_group.writes, w=digest(self.learn.model.parameters()), opt=digest(opt), rng=digest([torch.get_rng_state()]),
+                   bufs=digest(self.learn.model.buffers()), tracked=[int(m.num_batches_tracked) for m in batchnorms],
                    pid=os.getpid(), t=time.time(), train_iter=self.learn.train_iter, losses=len(self.learn.recorder.losses),
                    norm=self.norm, discarded=ft.discarded if ft else 0)
         with open(f"{out}/log{group}_{rank_distrib()}.jsonl", 'a') as f: f.write(json.dumps(rec) + '\n')

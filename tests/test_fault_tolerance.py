@@ -60,7 +60,8 @@ class Run:
 
 def check_replicas(run):
     """At every committed step, every replica that took it holds the same weights, optimizer state and place in the fit,
-    and each rank the random states of that rank in every other group; one group writes; the fit ends with one model. A
+    and each rank the random states and buffers of that rank in every other group; one group writes; the fit ends with
+    one model, validated alike everywhere. A
     step is the replicas' records of it within seconds of each other: when every group was lost, the run went on from a
     checkpoint, and took the steps after it again"""
     logs = {(g, r): run.records(g, r) for g in range(run.groups) for r in range(run.nproc)}
@@ -74,26 +75,29 @@ def check_replicas(run):
     for step,recs in sorted(at.items()):
         seen = {tuple(rec[k] for k in keys) for rec in recs.values()}
         assert len(seen) == 1, f"fit {step[0]}, step {step[1]}: the replicas differ: { {who: [rec[k] for k in keys] + [rec['pid'], rec['t']] for who,rec in recs.items()} }"
-        for rank in range(run.nproc):  # random states are a rank's, as under DDP: rank `rank` of every group holds the same
-            rngs = {who: rec['rng'] for who,rec in recs.items() if who[1] == rank}
-            assert len(set(rngs.values())) <= 1, f"fit {step[0]}, step {step[1]}: rank {rank}'s random states differ between groups: {rngs}"
+        for rank in range(run.nproc):  # random states and buffers are a rank's, as under DDP: rank `rank` of every group holds the same
+            for k,what in (('rng', 'random states'), ('bufs', 'buffers')):
+                theirs = {who: rec[k] for who,rec in recs.items() if who[1] == rank}
+                assert len(set(theirs.values())) <= 1, f"fit {step[0]}, step {step[1]}: rank {rank}'s {what} differ between groups: {theirs}"
         writers = {g for (g,_),rec in recs.items() if rec['writes']}
         assert writers == {min(g for g,_ in recs)} or len({g for g,_ in recs}) < run.groups, f"fit {step[0]}, step {step[1]}: the groups that write: {writers}"
-    ends = {json.loads(f.read_text())['w'] for f in run.out.glob('end*.json')}
-    assert len(ends) == 1, f"the replicas ended with different weights: {ends}"
+    ends = {f.name: json.loads(f.read_text()) for f in run.out.glob('end*.json')}
+    assert len({e['w'] for e in ends.values()}) == 1, f"the replicas ended with different weights: {ends}"
+    valid = {json.dumps([v[1:] for v in e['values']]) for e in ends.values()}  # the Recorder's values but each group's own training loss
+    assert len(valid) == 1, f"the replicas' validation differs: {ends}"
     return logs,at
 
 def pids(recs): return [p for i,p in enumerate(r['pid'] for r in recs) if i == 0 or recs[i-1]['pid'] != p]
 
 def test_groups_train_on_through_kills(tmp_path):
-    """Three groups of one process, `CheckpointCallback` and `SafeSaveModelCallback` in the script, each group starting
-    from weights of its own. 16 SIGKILLs of a random group at a random step, one of them the writer just as it saves a
+    """Three groups of one process, a model with a BatchNorm, `CheckpointCallback` and `SafeSaveModelCallback` in the
+    script, each group starting from weights of its own. 16 SIGKILLs of a random group at a random step, one of them the writer just as it saves a
     checkpoint and one during validation, and a group stopped (SIGSTOP) for 4 s; each killed group is started again and
     joins its peers where they are. Steps take 0.1 s while the test kills (room to aim), then as long as they take.
     Every live replica is bitwise alike at every committed step; a survivor's PID changes only when it is killed; one group
     writes; every checkpoint on disk is whole; the fit ends at one step everywhere"""
     epochs,per_epoch = 4,14400 // 8 // 3
-    run = Run(tmp_path, 3, epochs=epochs, N=14400, STEP_PAUSE=0.1, CKPT=1, BEST=1)
+    run = Run(tmp_path, 3, epochs=epochs, N=14400, STEP_PAUSE=0.1, CKPT=1, BEST=1, BN=1)
     rng,kills,deadline = random.Random(0),[],time.monotonic() + 400
     special,want = ['writer saving', 'validating', 'stopped'],17  # 16 SIGKILLs and the SIGSTOP; the special ones as they come, random kills between
     try:
@@ -138,10 +142,10 @@ def test_groups_train_on_through_kills(tmp_path):
     assert ckpts and all(why_incomplete(d) is None for d in ckpts), {d.name: why_incomplete(d) for d in ckpts}
 
 def test_two_groups_of_two_processes(tmp_path):
-    """Two groups of two ranks each (DDP inside a group): a rank of group 1 killed, then a rank of group 0; each group is
+    """Two groups of two ranks each (DDP inside a group), a model with a BatchNorm: a rank of group 1 killed, then a rank of group 0; each group is
     started again, all of it, and joins; every rank of every live group alike at every step. Steps take 0.1 s until both
     joined again (the run outlasts the starts), then as long as they take"""
-    run = Run(tmp_path, 2, nproc=2, epochs=4, N=4800, STEP_PAUSE=0.1)
+    run = Run(tmp_path, 2, nproc=2, epochs=4, N=4800, STEP_PAUSE=0.1, BN=1)
     kills,deadline = [],time.monotonic() + 240
     try:
         def all_train():
@@ -194,16 +198,18 @@ def test_a_group_joins_from_a_peer_that_just_joined(tmp_path):
     assert at[(0, first)].get((0, 0), {}).get('pid') == pids(logs[(0, 0)])[1], "group 1 took a step before group 0 was killed"  # ...was with group 0 started again
 
 def test_a_step_trained_again_is_clipped_as_any(tmp_path):
-    """fastai's `GradientClip` in the fit, `--min-replicas 2`. Group 1 dies after the forward of step 20, before its
-    all-reduce: group 0 discards the step, and trains the batch again with group 1 started again. The gradients every
-    replica steps with, those of a batch trained again included, went through `GradientClip`"""
-    run = Run(tmp_path, 2, epochs=1, flags=('--min-replicas', '2'), N=1600, STEP_PAUSE=0.02, CLIP=1, DIE_AT=20)
+    """fastai's `GradientClip` in the fit, a model with a BatchNorm, `--min-replicas 2`. Group 1 dies after the forward of
+    step 20, before its all-reduce: group 0 discards the step, and trains the batch again with group 1 started again. The
+    gradients every replica steps with, those of a batch trained again included, went through `GradientClip`; the
+    BatchNorm counted each batch once, the one trained again included"""
+    run = Run(tmp_path, 2, epochs=1, flags=('--min-replicas', '2'), N=1600, STEP_PAUSE=0.02, CLIP=1, DIE_AT=20, BN=1)
     code = run.wait(timeout=200)
     assert code == 0, run.said.read_text()[-3000:]
     logs,_ = check_replicas(run)
     recs = [r for rs in logs.values() for r in rs]
     assert max(r['discarded'] for r in logs[(0, 0)]) >= 1, run.said.read_text()[-3000:]
     assert max(r['norm'] for r in recs) <= 0.01 * 1.0001, sorted((r['norm'], r['step'], r['pid']) for r in recs)[-3:]
+    assert all(r['tracked'] == [r['train_iter']] for r in recs), [(r['step'], r['pid'], r['tracked'], r['train_iter']) for r in recs if r['tracked'] != [r['train_iter']]][:5]
 
 def test_every_group_killed_resumes_from_its_checkpoint(tmp_path):
     "Two groups, both killed at once after a checkpoint: the same command goes on from the checkpoint and ends with the weights of the run that was never killed, bit for bit"
